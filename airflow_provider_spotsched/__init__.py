@@ -1,0 +1,26 @@
+"""Deadline-aware LLM fine-tuning on spot and on-demand GPUs, as an Apache Airflow provider.
+
+Importing this package imports no Airflow: the scheduling, forecasting and simulation code
+stands on its own, and the Airflow layer maps Airflow concepts onto it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__version__ = "0.1.0"
+
+TRACES_DIR = Path(__file__).parent / "data" / "traces"
+AWS_TRACE = TRACES_DIR / "aws_p3.2xlarge_9az_2023-02-15.csv.gz"
+GCP_TRACE = TRACES_DIR / "gcp_h100_13zones_2025-10.csv.gz"
+
+
+def get_provider_info() -> dict[str, Any]:
+    """What Airflow's providers manager reads through the ``apache_airflow_provider`` entry point."""
+    return {
+        "package-name": "airflow-provider-spotsched",
+        "name": "Spot Scheduler",
+        "description": "Deadline-aware LLM fine-tuning on a mix of spot and on-demand GPU instances.",
+        "versions": [__version__],
+    }

@@ -1,0 +1,22 @@
+"""Forecasters by name: every model answers the same :class:`~.base.Forecaster` calls."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from airflow_provider_spotsched.forecast.base import Forecast, Forecaster
+from airflow_provider_spotsched.registry import build
+
+FORECASTERS: dict[str, str] = {
+    "persistence": "airflow_provider_spotsched.forecast.persistence:PersistenceForecaster",
+    "seasonal-naive": "airflow_provider_spotsched.forecast.seasonal_naive:SeasonalNaiveForecaster",
+    "oracle": "airflow_provider_spotsched.forecast.oracle:OracleForecaster",
+}
+
+
+def make_forecaster(name: str, params: Mapping[str, Any] | None = None) -> Forecaster:
+    """Build forecaster ``name`` with ``params``, naming any parameter it does not take."""
+    return build("forecaster", FORECASTERS, name, params)
+
+
+__all__ = ["FORECASTERS", "Forecast", "Forecaster", "make_forecaster"]

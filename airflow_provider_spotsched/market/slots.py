@@ -1,0 +1,134 @@
+"""Slot markets: a trace resampled onto the job's decision slots (spec, "Market").
+
+The default (and only reporting) resampling takes, per pool, the state in force at the slot's
+start: the last tick at or before that instant. A tick older than 1.5 typical tick gaps is a hole
+in the data: the pool's availability for that slot is unknown and counts as 0, and its price is
+the last one seen (the first tick's price before the pool's first tick).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Sequence
+
+import numpy as np
+
+from airflow_provider_spotsched.market.trace import Trace, TraceError, format_timestamp
+
+HOLE_FACTOR = 1.5
+
+
+@dataclass(frozen=True)
+class SlotMarket:
+    """Per-slot spot prices ``[T, M]``, available counts ``[T, M]`` and one on-demand price."""
+
+    pools: tuple[str, ...]
+    start: datetime
+    slot_hours: float
+    spot_price: np.ndarray
+    available: np.ndarray
+    on_demand_price: float
+
+    def __post_init__(self) -> None:
+        if self.spot_price.shape != self.available.shape or self.spot_price.shape[1:] != (len(self.pools),):
+            raise ValueError(
+                f"spot_price {self.spot_price.shape} and available {self.available.shape} "
+                f"must both be [slots, {len(self.pools)} pools]"
+            )
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.spot_price.shape[0])
+
+    @property
+    def num_pools(self) -> int:
+        return len(self.pools)
+
+    def window(self, first: int, length: int | None = None) -> "SlotMarket":
+        """Slots ``first .. first+length-1`` as a market of their own (time 0 = slot ``first``)."""
+        end = self.num_slots if length is None else min(self.num_slots, first + length)
+        return SlotMarket(
+            pools=self.pools,
+            start=self.start + timedelta(hours=first * self.slot_hours),
+            slot_hours=self.slot_hours,
+            spot_price=self.spot_price[first:end],
+            available=self.available[first:end],
+            on_demand_price=self.on_demand_price,
+        )
+
+    def prefix(self, length: int) -> "SlotMarket":
+        """The first ``length`` slots: what a policy may know after deciding slot ``length-1``."""
+        return self.window(0, length)
+
+    def describe(self) -> str:
+        return f"{self.num_pools} pools from {format_timestamp(self.start)}, {self.num_slots} slots of {self.slot_hours:g} h"
+
+
+def select_pools(trace: Trace, pools: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The pools to schedule over: all of the trace's by default, else the named ones (checked)."""
+    if pools is None:
+        return tuple(trace.names)
+    unknown = [p for p in pools if p not in trace.pools]
+    if unknown:
+        raise TraceError(f"unknown pool(s) {unknown} in {trace.source}; known pools are {trace.names}")
+    if len(set(pools)) != len(pools):
+        raise TraceError(f"pools lists a pool twice: {list(pools)}")
+    if not pools:
+        raise TraceError("pools is empty; name at least one pool or leave it unset for all")
+    return tuple(pools)
+
+
+def resample(
+    trace: Trace,
+    start: datetime | None = None,
+    slot_hours: float = 1.0,
+    num_slots: int | None = None,
+    pools: Sequence[str] | None = None,
+) -> SlotMarket:
+    """Resample ``trace`` onto slots of ``slot_hours`` from ``start`` (default: first tick).
+
+    Without ``num_slots``, slots run while their start lies inside the trace. Asking for slots
+    past the trace's end is an error that says how many there are.
+    """
+    if slot_hours <= 0:
+        raise ValueError(f"slot_hours must be > 0, got {slot_hours}")
+    names = select_pools(trace, pools)
+    t0 = trace.first_time if start is None else start.astimezone(timezone.utc).timestamp()
+    if not trace.first_time <= t0 <= trace.last_time:
+        raise TraceError(
+            f"start {format_timestamp(datetime.fromtimestamp(t0, timezone.utc))} lies outside {trace.source}, "
+            f"which covers {format_timestamp(datetime.fromtimestamp(trace.first_time, timezone.utc))} .. "
+            f"{format_timestamp(datetime.fromtimestamp(trace.last_time, timezone.utc))}"
+        )
+    step = slot_hours * 3600.0
+    fits = int(np.floor((trace.last_time - t0) / step + 1e-9)) + 1
+    if num_slots is None:
+        num_slots = fits
+    elif num_slots > fits:
+        raise TraceError(
+            f"{trace.source} holds only {fits} slots of {slot_hours:g} h after the start; "
+            f"{num_slots} were asked for: choose an earlier start or a shorter job"
+        )
+    instants = t0 + step * np.arange(num_slots)
+    hole = HOLE_FACTOR * trace.tick_seconds
+    prices = np.empty((num_slots, len(names)))
+    available = np.zeros((num_slots, len(names)), dtype=np.int64)
+    on_demand = []
+    for m, name in enumerate(names):
+        series = trace.pools[name]
+        idx = np.searchsorted(series.times, instants, side="right") - 1
+        seen = idx >= 0
+        safe = np.where(seen, idx, 0)
+        prices[:, m] = series.spot_price[safe]
+        fresh = seen & (instants - series.times[safe] <= hole)
+        available[:, m] = np.where(fresh, series.available[safe], 0)
+        on_demand.append(series.on_demand_price[safe[0]])
+    return SlotMarket(
+        pools=names,
+        start=datetime.fromtimestamp(t0, timezone.utc),
+        slot_hours=slot_hours,
+        spot_price=prices,
+        available=available,
+        on_demand_price=float(min(on_demand)),
+    )

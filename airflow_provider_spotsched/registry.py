@@ -1,0 +1,26 @@
+"""Build a class named in a lookup table, checking the parameters before calling it."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Mapping
+
+
+def load(kind: str, table: Mapping[str, str], name: str) -> type:
+    """The class that ``table`` maps ``name`` to (``"module:Class"``), imported on first use."""
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}; choose one of {sorted(table)}")
+    module, cls = table[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def build(kind: str, table: Mapping[str, str], name: str, params: Mapping[str, Any] | None = None) -> Any:
+    """An instance of ``table[name]`` built with ``params``, naming any parameter it does not take."""
+    cls = load(kind, table, name)
+    params = dict(params or {})
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"{kind} {name!r} takes no parameter(s) {unknown}; it takes {accepted}")
+    return cls(**params)

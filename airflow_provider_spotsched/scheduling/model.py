@@ -1,0 +1,304 @@
+"""The scheduling model of ``shared/spec/scheduling-model.md``: job, allocation and accounting.
+
+This module is the one place where progress, reconfiguration, billing, completion time, value
+and utility are computed. The simulator, every policy that needs a number and every report call
+:func:`advance` (one slot) or :func:`evaluate` (a whole schedule) instead of re-deriving them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+# Progress within this many work units of the total counts as done (float round-off only).
+WORK_EPSILON = 1e-9
+
+
+class JobError(ValueError):
+    """A job description is invalid or infeasible; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Work units per hour on ``n`` instances: ``H(n) = alpha * n + beta`` for n >= 1, H(0) = 0."""
+
+    alpha: float
+    beta: float = 0.0
+
+    def __call__(self, n: int) -> float:
+        return self.alpha * n + self.beta if n > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """A fine-tuning job as the spec defines it (all times in hours after submission)."""
+
+    work: float
+    deadline_hours: float
+    max_instances: int
+    throughput: Throughput
+    value: float
+    min_instances: int = 1
+    hard_deadline_factor: float = 1.0
+    reconfig_overhead_hours: float = 0.0
+    slot_hours: float = 1.0
+    start: datetime | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def hard_deadline_hours(self) -> float:
+        return self.hard_deadline_factor * self.deadline_hours
+
+    @property
+    def horizon_slots(self) -> int:
+        """Slots up to the hard deadline: nothing after it can earn value."""
+        return max(1, math.ceil(self.hard_deadline_hours / self.slot_hours - 1e-9))
+
+    def rate(self, n: int) -> float:
+        return self.throughput(n)
+
+    def value_at(self, completion_hours: float | None) -> float:
+        """V(T): full value by the soft deadline, linear decay to the hard one, then 0."""
+        if completion_hours is None:
+            return 0.0
+        d, gamma = self.deadline_hours, self.hard_deadline_factor
+        if completion_hours <= d + 1e-9:
+            return self.value
+        if gamma <= 1.0 or completion_hours > gamma * d + 1e-9:
+            return 0.0
+        return self.value * (gamma * d - completion_hours) / ((gamma - 1.0) * d)
+
+    def check_feasible(self) -> None:
+        """Refuse a job that N_max on-demand instances cannot finish by the soft deadline."""
+        effective = self.deadline_hours - self.reconfig_overhead_hours
+        capacity = max(effective, 0.0) * self.rate(self.max_instances)
+        if capacity + WORK_EPSILON < self.work:
+            needed_hours = self.work / self.rate(self.max_instances) + self.reconfig_overhead_hours
+            needed_n = math.ceil((self.work / effective - self.throughput.beta) / self.throughput.alpha) if effective > 0 else None
+            more = f" or max_instances >= {needed_n}" if needed_n is not None else ""
+            raise JobError(
+                f"job is infeasible: {self.max_instances} on-demand instances finish only "
+                f"{capacity:.4g} of work={self.work:.4g} units by deadline_hours={self.deadline_hours:g}; "
+                f"set deadline_hours >= {needed_hours:.4g}{more}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["start"] = None if self.start is None else self.start.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if data["start"] is None:
+            del data["start"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Job":
+        """Build a job from the spec's JSON object, naming any unknown or missing field."""
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise JobError(f"unknown job field(s) {unknown}; known fields are {sorted(known)}")
+        missing = sorted(k for k in ("work", "deadline_hours", "max_instances", "throughput", "value") if k not in data)
+        if missing:
+            raise JobError(f"job is missing required field(s) {missing}")
+        fields = dict(data)
+        tp = fields["throughput"]
+        if not isinstance(tp, Mapping) or "alpha" not in tp:
+            raise JobError('throughput must be an object like {"alpha": 1.0, "beta": 0.0}')
+        extra = sorted(set(tp) - {"alpha", "beta"})
+        if extra:
+            raise JobError(f"unknown throughput field(s) {extra}; use alpha and beta")
+        fields["throughput"] = Throughput(float(tp["alpha"]), float(tp.get("beta", 0.0)))
+        if fields.get("start") is not None:
+            from airflow_provider_spotsched.market.trace import parse_timestamp
+
+            try:
+                fields["start"] = parse_timestamp(str(fields["start"]))
+            except ValueError as exc:
+                raise JobError(f"start: {exc}") from None
+        return cls(**fields)
+
+
+def _validate(job: Job) -> None:
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise JobError(message)
+
+    for name in ("work", "deadline_hours", "value", "slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):
+        v = getattr(job, name)
+        need(isinstance(v, (int, float)) and math.isfinite(v), f"{name} must be a finite number, got {v!r}")
+    for name in ("min_instances", "max_instances"):
+        v = getattr(job, name)
+        need(isinstance(v, (int, np.integer)) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
+    need(job.work > 0, f"work must be > 0, got {job.work}")
+    need(job.deadline_hours > 0, f"deadline_hours must be > 0, got {job.deadline_hours}")
+    need(job.slot_hours > 0, f"slot_hours must be > 0, got {job.slot_hours}")
+    need(job.value >= 0, f"value must be >= 0, got {job.value}")
+    need(job.hard_deadline_factor >= 1, f"hard_deadline_factor must be >= 1, got {job.hard_deadline_factor}")
+    need(
+        0 <= job.reconfig_overhead_hours < job.slot_hours,
+        f"reconfig_overhead_hours must be in [0, slot_hours={job.slot_hours}), got {job.reconfig_overhead_hours}",
+    )
+    need(1 <= job.min_instances, f"min_instances must be >= 1, got {job.min_instances}")
+    need(
+        job.min_instances <= job.max_instances,
+        f"max_instances must be >= min_instances={job.min_instances}, got {job.max_instances}",
+    )
+    tp = job.throughput
+    need(tp.alpha > 0, f"throughput.alpha must be > 0, got {tp.alpha}")
+    need(tp(job.min_instances) > 0, f"throughput must be > 0 on min_instances; raise throughput.beta (now {tp.beta})")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Instances in one slot: ``spot[m]`` in pool m and ``on_demand`` on-demand ones."""
+
+    spot: tuple[int, ...]
+    on_demand: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.spot) + self.on_demand
+
+    @classmethod
+    def idle(cls, num_pools: int) -> "Allocation":
+        return cls((0,) * num_pools, 0)
+
+    def check(self, job: Job, available: Sequence[int]) -> None:
+        """Raise ValueError if this allocation breaks a constraint of the spec's Decisions."""
+        if len(self.spot) != len(available):
+            raise ValueError(f"allocation has {len(self.spot)} pools, market has {len(available)}")
+        if self.on_demand < 0 or any(s < 0 for s in self.spot):
+            raise ValueError(f"allocation has a negative count: {self}")
+        over = [m for m, (s, a) in enumerate(zip(self.spot, available)) if s > a]
+        if over:
+            raise ValueError(f"allocation {self} exceeds availability {list(available)} in pools {over}")
+        n = self.total
+        if n and not job.min_instances <= n <= job.max_instances:
+            raise ValueError(f"allocation runs {n} instances, outside [{job.min_instances}, {job.max_instances}]")
+
+
+@dataclass(frozen=True)
+class SlotResult:
+    """What one slot did: the spec's e[t], w[t], its bill, and completion inside it."""
+
+    reconfiguration: bool
+    effective_hours: float
+    progress: float
+    cost: float
+    completion_hours: float | None
+
+
+@dataclass
+class Progress:
+    """Running totals of a job while slots are applied one at a time."""
+
+    slot: int = 0
+    work_done: float = 0.0
+    cost: float = 0.0
+    previous: Allocation | None = None
+    completion_hours: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.completion_hours is not None
+
+
+def advance(
+    job: Job,
+    progress: Progress,
+    allocation: Allocation,
+    spot_prices: Sequence[float],
+    on_demand_price: float,
+) -> SlotResult:
+    """Apply one slot's allocation to ``progress`` (in place) following the spec's rules."""
+    if progress.done:
+        raise ValueError("the job has already completed; nothing runs after T")
+    s = job.slot_hours
+    n = allocation.total
+    previous = progress.previous or Allocation.idle(len(allocation.spot))
+    reconfiguration = n > 0 and allocation != previous
+    effective = max(s - job.reconfig_overhead_hours, 0.0) if reconfiguration else (s if n > 0 else 0.0)
+    rate = job.rate(n)
+    progress_made = effective * rate
+    hourly = float(np.dot(allocation.spot, spot_prices)) + allocation.on_demand * on_demand_price
+    start = progress.slot * s
+    completion = None
+    billed_hours = s
+    remaining = job.work - progress.work_done
+    if n > 0 and progress_made >= remaining - WORK_EPSILON:
+        billed_hours = (s - effective) + max(remaining, 0.0) / rate
+        completion = start + billed_hours
+        progress_made = max(remaining, 0.0)
+    cost = hourly * billed_hours
+    progress.slot += 1
+    progress.work_done += progress_made
+    progress.cost += cost
+    progress.previous = allocation
+    progress.completion_hours = completion
+    return SlotResult(reconfiguration, effective, progress_made, cost, completion)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The spec's result of a schedule: cost, completion, value, utility, misses."""
+
+    cost: float
+    completion_hours: float | None
+    value: float
+    utility: float
+    soft_miss: bool
+    hard_miss: bool
+    slots: tuple[SlotResult, ...] = field(repr=False, default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cost": self.cost,
+            "completion_hours": self.completion_hours,
+            "value": self.value,
+            "utility": self.utility,
+            "soft_miss": self.soft_miss,
+            "hard_miss": self.hard_miss,
+        }
+
+
+def outcome(job: Job, progress: Progress, slots: Iterable[SlotResult] = ()) -> Outcome:
+    """Value and utility of the totals in ``progress``."""
+    t = progress.completion_hours
+    value = job.value_at(t)
+    return Outcome(
+        cost=progress.cost,
+        completion_hours=t,
+        value=value,
+        utility=value - progress.cost,
+        soft_miss=t is None or t > job.deadline_hours + 1e-9,
+        hard_miss=t is None or t > job.hard_deadline_hours + 1e-9,
+        slots=tuple(slots),
+    )
+
+
+def evaluate(
+    job: Job,
+    allocations: Sequence[Allocation],
+    spot_prices: np.ndarray,
+    on_demand_price: float,
+    available: np.ndarray | None = None,
+) -> Outcome:
+    """Account a whole schedule; allocations after completion are ignored (nothing runs after T).
+
+    ``spot_prices[t][m]`` and ``available[t][m]`` are the realised market per slot; when
+    ``available`` is given every allocation is checked against it and the job's bounds.
+    """
+    progress = Progress()
+    results = []
+    for t, allocation in enumerate(allocations):
+        if progress.done:
+            break
+        if available is not None:
+            allocation.check(job, available[t])
+        results.append(advance(job, progress, allocation, spot_prices[t], on_demand_price))
+    return outcome(job, progress, results)

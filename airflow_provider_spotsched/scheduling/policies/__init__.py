@@ -1,0 +1,28 @@
+"""Every scheduling policy by name, so the CLI, the evaluation and the operator build them alike."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from airflow_provider_spotsched.registry import build, load
+from airflow_provider_spotsched.scheduling.policy import Policy
+
+# name -> "module:Class"; modules load on first use so that importing the registry stays cheap.
+POLICIES: dict[str, str] = {
+    "on-demand": "airflow_provider_spotsched.scheduling.policies.on_demand:OnDemandPolicy",
+    "greedy": "airflow_provider_spotsched.scheduling.policies.greedy:GreedyPolicy",
+    "uniform-progress": "airflow_provider_spotsched.scheduling.policies.uniform_progress:UniformProgressPolicy",
+    "optimal": "airflow_provider_spotsched.scheduling.policies.optimal:OptimalPolicy",
+    "chc": "airflow_provider_spotsched.scheduling.policies.chc:CHCPolicy",
+    "prediction-free": "airflow_provider_spotsched.scheduling.policies.prediction_free:PredictionFreePolicy",
+    "selector": "airflow_provider_spotsched.scheduling.selector:SelectorPolicy",
+}
+
+
+def policy_class(name: str) -> type[Policy]:
+    return load("policy", POLICIES, name)
+
+
+def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+    """Build policy ``name`` with ``params``, naming any parameter it does not take."""
+    return build("policy", POLICIES, name, params)

@@ -1,0 +1,81 @@
+"""The one small interface every scheduling policy implements.
+
+A policy decides the allocation of the current slot from what is known now: the job, the market
+up to and including the current slot, and the job's progress so far. The simulator and the
+Airflow operator both drive policies through :class:`Policy` alone.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.scheduling.model import Allocation, Job
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a policy may know when it decides slot ``slot`` of ``job``.
+
+    ``past`` is the market on the job's slot grid, ending with the current slot (its last row);
+    it may begin before the job's submission (``past_offset`` slots earlier) so that forecasters
+    and learners can use history. It never holds a slot after the current one.
+    """
+
+    job: Job
+    slot: int
+    past: SlotMarket
+    past_offset: int
+    work_done: float
+    cost_so_far: float
+    previous: Allocation
+
+    @property
+    def spot_price(self):
+        return self.past.spot_price[-1]
+
+    @property
+    def available(self):
+        return self.past.available[-1]
+
+    @property
+    def on_demand_price(self) -> float:
+        return self.past.on_demand_price
+
+    @property
+    def hours(self) -> float:
+        """Hours since submission at the start of this slot."""
+        return self.slot * self.job.slot_hours
+
+    @property
+    def remaining_work(self) -> float:
+        return max(self.job.work - self.work_done, 0.0)
+
+
+class Policy(ABC):
+    """Decides one slot's :class:`Allocation` from an :class:`Observation`.
+
+    Subclasses set ``name`` and keep whatever per-job state they need, cleared by :meth:`reset`.
+    """
+
+    name: str = "policy"
+
+    def reset(self, job: Job) -> None:  # noqa: B027 - optional hook
+        """Forget any state from a previous job; called before the first slot."""
+
+    @abstractmethod
+    def decide(self, observation: Observation) -> Allocation:
+        """The allocation for the current slot; it must respect the spec's constraints."""
+
+    def params(self) -> dict[str, Any]:
+        """The parameters that identify this policy (shown in reports)."""
+        return {}
+
+    @property
+    def label(self) -> str:
+        params = self.params()
+        if not params:
+            return self.name
+        return f"{self.name}(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")"

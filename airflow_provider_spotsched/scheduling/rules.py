@@ -1,0 +1,84 @@
+"""Building blocks shared by the online policies: cheapest fill and the on-demand safety net.
+
+Every online policy answers two questions each slot: how to place ``n`` instances at the least
+cost right now (:func:`cheapest_allocation`), and whether a choice still leaves the job able to
+finish by its soft deadline on ``N_max`` on-demand instances (:func:`is_deadline_safe`). Keeping
+both here means the deadline guarantee is written once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
+from airflow_provider_spotsched.scheduling.policy import Observation
+
+
+def cheapest_allocation(
+    n: int,
+    spot_prices: Sequence[float],
+    available: Sequence[int],
+    on_demand_price: float,
+    spot_price_cap: float | None = None,
+    allow_on_demand: bool = True,
+) -> Allocation:
+    """Place ``n`` instances on the cheapest capacity: spot pools by price, then on-demand.
+
+    Spot pools priced above ``spot_price_cap`` (default: the on-demand price) are skipped. With
+    ``allow_on_demand=False`` the result may hold fewer than ``n`` instances.
+    """
+    cap = on_demand_price if spot_price_cap is None else spot_price_cap
+    spot = [0] * len(available)
+    left = n
+    for m in np.argsort(np.asarray(spot_prices, dtype=float), kind="stable"):
+        if left == 0 or spot_prices[m] > cap:
+            break
+        take = min(int(available[m]), left)
+        spot[m] = take
+        left -= take
+    return Allocation(tuple(spot), left if allow_on_demand else 0)
+
+
+def spot_only(allocation: Allocation, job: Job) -> Allocation:
+    """``allocation`` without on-demand instances, or idle if that leaves fewer than N_min."""
+    spot = Allocation(allocation.spot, 0)
+    return spot if spot.total >= job.min_instances else Allocation.idle(len(allocation.spot))
+
+
+def slot_progress(job: Job, allocation: Allocation, previous: Allocation) -> float:
+    """Work the allocation does in one full slot (the spec's e[t] * H(n[t]))."""
+    n = allocation.total
+    if n == 0:
+        return 0.0
+    overhead = job.reconfig_overhead_hours if allocation != previous else 0.0
+    return max(job.slot_hours - overhead, 0.0) * job.rate(n)
+
+
+def on_demand_fallback(job: Job, num_pools: int) -> Allocation:
+    """The allocation that always meets a feasible deadline: N_max on-demand instances."""
+    return Allocation((0,) * num_pools, job.max_instances)
+
+
+def is_deadline_safe(job: Job, observation: Observation, allocation: Allocation, margin_hours: float = 0.0) -> bool:
+    """Whether, after running ``allocation`` this slot, N_max on-demand still meets the deadline.
+
+    The fallback from the next slot on pays one reconfiguration overhead, unless ``allocation``
+    already is that fallback. ``margin_hours`` keeps extra slack in reserve.
+    """
+    remaining = observation.remaining_work - slot_progress(job, allocation, observation.previous)
+    if remaining <= WORK_EPSILON:
+        return True
+    fallback = on_demand_fallback(job, len(allocation.spot))
+    overhead = 0.0 if allocation == fallback else job.reconfig_overhead_hours
+    next_start = observation.hours + job.slot_hours
+    hours_left = job.deadline_hours - next_start - overhead - margin_hours
+    return hours_left * job.rate(job.max_instances) >= remaining - WORK_EPSILON
+
+
+def safe_or_fallback(job: Job, observation: Observation, allocation: Allocation, margin_hours: float = 0.0) -> Allocation:
+    """``allocation`` if it is deadline-safe, else the on-demand fallback (which always is)."""
+    if is_deadline_safe(job, observation, allocation, margin_hours):
+        return allocation
+    return on_demand_fallback(job, len(allocation.spot))

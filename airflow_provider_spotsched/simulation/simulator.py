@@ -1,0 +1,121 @@
+"""Replay a policy on a market, slot by slot, with the spec's accounting.
+
+The simulator is where the "no peeking" rule is enforced: at slot t a policy receives the market
+up to and including slot t and nothing later. The only exception is a policy that declares
+``uses_future = True`` (the hindsight optimum, a reference point and never a real scheduler); it
+is handed the realised market of the whole job before the first slot.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Sequence
+
+from airflow_provider_spotsched.market.slots import SlotMarket, resample
+from airflow_provider_spotsched.market.trace import Trace, TraceError, format_timestamp
+from airflow_provider_spotsched.scheduling.model import Allocation, Job, Outcome, Progress, advance, outcome
+from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+
+DEFAULT_LOOKBACK_HOURS = 7 * 24.0
+
+
+class PolicyError(RuntimeError):
+    """A policy returned an allocation that breaks the spec's constraints."""
+
+
+@dataclass(frozen=True)
+class JobMarket:
+    """The market a job runs on: history before submission, then the job's own slots."""
+
+    market: SlotMarket
+    offset: int
+
+    @property
+    def job_slots(self) -> SlotMarket:
+        return self.market.window(self.offset)
+
+
+def job_market(
+    trace: Trace,
+    job: Job,
+    pools: Sequence[str] | None = None,
+    lookback_hours: float = DEFAULT_LOOKBACK_HOURS,
+) -> JobMarket:
+    """Resample ``trace`` for ``job``: up to ``lookback_hours`` of history, then its horizon."""
+    start = job.start or datetime.fromtimestamp(trace.first_time, timezone.utc)
+    earliest = datetime.fromtimestamp(trace.first_time, timezone.utc)
+    offset = max(0, int((start - earliest).total_seconds() / 3600.0 // job.slot_hours))
+    offset = min(offset, int(lookback_hours // job.slot_hours))
+    first = start - timedelta(hours=offset * job.slot_hours)
+    needed = offset + job.horizon_slots
+    try:
+        market = resample(trace, first, job.slot_hours, needed, pools)
+    except TraceError as exc:
+        raise TraceError(
+            f"the job starting {format_timestamp(start)} needs {job.horizon_slots} slots up to its hard deadline: {exc}"
+        ) from None
+    return JobMarket(market, offset)
+
+
+@dataclass
+class SimulationResult:
+    """A policy's run on one job: the allocations, the accounting and the decision times."""
+
+    policy: str
+    job: Job
+    pools: tuple[str, ...]
+    allocations: list[Allocation]
+    outcome: Outcome
+    decision_seconds: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec's simulation-result JSON object."""
+        slots = [
+            {
+                "slot": t,
+                "spot": {pool: n for pool, n in zip(self.pools, a.spot) if n},
+                "on_demand": a.on_demand,
+            }
+            for t, a in enumerate(self.allocations)
+        ]
+        return {"policy": self.policy, "job": self.job.to_dict(), "slots": slots, **self.outcome.to_dict()}
+
+
+def simulate(policy: Policy, job: Job, job_market: JobMarket) -> SimulationResult:
+    """Run ``policy`` on ``job`` until completion or the hard deadline's slot."""
+    market, offset = job_market.market, job_market.offset
+    if market.num_slots < offset + job.horizon_slots:
+        raise TraceError(f"the market has {market.num_slots - offset} slots after submission; the job needs {job.horizon_slots}")
+    policy.reset(job)
+    if getattr(policy, "uses_future", False):
+        policy.reveal(job_market.job_slots)
+    progress = Progress()
+    allocations: list[Allocation] = []
+    results = []
+    timings: list[float] = []
+    idle = Allocation.idle(market.num_pools)
+    for t in range(job.horizon_slots):
+        row = offset + t
+        observation = Observation(
+            job=job,
+            slot=t,
+            past=market.prefix(row + 1),
+            past_offset=offset,
+            work_done=progress.work_done,
+            cost_so_far=progress.cost,
+            previous=progress.previous or idle,
+        )
+        began = time.perf_counter()
+        allocation = policy.decide(observation)
+        timings.append(time.perf_counter() - began)
+        try:
+            allocation.check(job, market.available[row])
+        except ValueError as exc:
+            raise PolicyError(f"policy {policy.label} at slot {t}: {exc}") from None
+        allocations.append(allocation)
+        results.append(advance(job, progress, allocation, market.spot_price[row], market.on_demand_price))
+        if progress.done:
+            break
+    return SimulationResult(policy.label, job, market.pools, allocations, outcome(job, progress, results), timings)
