@@ -41,6 +41,31 @@ def cheapest_allocation(
     return Allocation(tuple(spot), left if allow_on_demand else 0)
 
 
+def fits(allocation: Allocation, available: Sequence[int]) -> bool:
+    """Whether every pool still offers the spot instances ``allocation`` holds there."""
+    return all(s <= a for s, a in zip(allocation.spot, available))
+
+
+def spot_fill(observation: Observation, spot_price_cap: float | None = None) -> Allocation:
+    """The spot instances to run now: up to N_max in the cheapest pools priced within the cap.
+
+    Following Can't Be Late's Exploitation Rule, the previous slot's spot instances are kept when
+    they are still available and priced within the cap and the cheapest fill would get no more
+    of them, since moving them would cost a reconfiguration for nothing. The result has no
+    on-demand instances and may hold fewer than N_min: callers pause or top it up.
+    """
+    job, prices = observation.job, observation.spot_price
+    cap = observation.on_demand_price if spot_price_cap is None else spot_price_cap
+    fresh = cheapest_allocation(
+        job.max_instances, prices, observation.available, observation.on_demand_price, cap, allow_on_demand=False
+    )
+    kept = Allocation(observation.previous.spot, 0)
+    priced_in = all(prices[m] <= cap for m, s in enumerate(kept.spot) if s)
+    if kept.total and kept.total >= fresh.total and priced_in and fits(kept, observation.available):
+        return kept
+    return fresh
+
+
 def spot_only(allocation: Allocation, job: Job) -> Allocation:
     """``allocation`` without on-demand instances, or idle if that leaves fewer than N_min."""
     spot = Allocation(allocation.spot, 0)
@@ -65,11 +90,17 @@ def is_deadline_safe(job: Job, observation: Observation, allocation: Allocation,
     """Whether, after running ``allocation`` this slot, N_max on-demand still meets the deadline.
 
     The fallback from the next slot on pays one reconfiguration overhead, unless ``allocation``
-    already is that fallback. ``margin_hours`` keeps extra slack in reserve.
+    already is that fallback. ``margin_hours`` keeps extra slack in reserve. An allocation that
+    completes the job in this slot is safe when it completes by the deadline: a slot may end
+    after d, and finishing inside it late is a miss.
     """
-    remaining = observation.remaining_work - slot_progress(job, allocation, observation.previous)
-    if remaining <= WORK_EPSILON:
-        return True
+    work = observation.remaining_work
+    progress = slot_progress(job, allocation, observation.previous)
+    if allocation.total and progress >= work - WORK_EPSILON:
+        overhead = job.reconfig_overhead_hours if allocation != observation.previous else 0.0
+        finish = observation.hours + overhead + work / job.rate(allocation.total)
+        return finish <= job.deadline_hours + 1e-9  # the model's round-off allowance for a soft miss
+    remaining = work - progress
     fallback = on_demand_fallback(job, len(allocation.spot))
     overhead = 0.0 if allocation == fallback else job.reconfig_overhead_hours
     next_start = observation.hours + job.slot_hours

@@ -1,0 +1,38 @@
+"""Greedy: Can't Be Late's (NSDI '24) greedy baseline, on this project's model.
+
+Rule: run on spot whenever it is available, in the cheapest pools first, up to N_max instances
+(keeping the instances already running while no more can be had: the Exploitation Rule), and
+pause while fewer than N_min spot instances are on offer. As soon as running that for one more
+slot would leave too little slack for N_max on-demand instances to finish by the soft deadline
+(the Safety Net Rule, :func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe`),
+switch to N_max on-demand instances and stay there until the job completes.
+
+Spot pools priced above on-demand are never used: they cost more for the same progress.
+"""
+
+from __future__ import annotations
+
+from airflow_provider_spotsched.scheduling.model import Allocation, Job
+from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, on_demand_fallback, spot_fill, spot_only
+
+
+class GreedyPolicy(Policy):
+    """Spot while the slack lasts, then N_max on-demand for good."""
+
+    name = "greedy"
+
+    def __init__(self) -> None:
+        self._on_demand = False
+
+    def reset(self, job: Job) -> None:
+        self._on_demand = False
+
+    def decide(self, observation: Observation) -> Allocation:
+        job = observation.job
+        if not self._on_demand:
+            choice = spot_only(spot_fill(observation), job)
+            if is_deadline_safe(job, observation, choice):
+                return choice
+            self._on_demand = True
+        return on_demand_fallback(job, observation.past.num_pools)

@@ -1,0 +1,106 @@
+"""Prediction-free: the complementary online algorithm of arXiv 2512.20967, which uses no forecasts.
+
+Rule, each slot, with a reserve of ``safety_slots`` slots kept before the soft deadline d:
+
+1. Cheap spot only: use spot pools priced at most ``price_threshold`` x the on-demand price,
+   cheapest first, up to N_max instances (cheap progress now is slack later).
+2. Pace from the progress needed: while N_min instances starting next slot would still finish
+   the remaining work by d minus the reserve, wait (run only cheap spot, or pause). Otherwise run
+   the fewest instances that finish by d minus the reserve, cheap spot first and on-demand for
+   the rest.
+3. Keep what runs: a reconfiguration loses delta hours of compute, so the previous allocation
+   is kept while it is still available, its spot pools are still within the threshold, it is as
+   large as rule 2 asks, and its price per unit of work is no higher than that of the new choice
+   once the new choice's lost delta is counted.
+4. Fall back: when the slack with the reserve runs out
+   (:func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` with the reserve as
+   margin), switch to N_max on-demand and stay there until completion.
+
+A low ``price_threshold`` waits for deep discounts; a high one takes any spot cheaper than
+on-demand. A larger ``safety_slots`` paces earlier and falls back sooner. Varying both builds
+the pool of variants that the policy selector learns from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
+from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.rules import (
+    fits,
+    is_deadline_safe,
+    on_demand_fallback,
+    spot_fill,
+    spot_only,
+)
+
+
+def paced_count(job: Job, remaining: float, hours: float) -> int:
+    """The fewest instances that do ``remaining`` work in ``hours`` (N_max if none can)."""
+    for n in range(job.min_instances, job.max_instances + 1):
+        if job.rate(n) * hours >= remaining - WORK_EPSILON:
+            return n
+    return job.max_instances
+
+
+def unit_price(observation: Observation, allocation: Allocation, overhead: float) -> float:
+    """USD per unit of work of one slot of ``allocation`` that loses ``overhead`` hours to a restart."""
+    job = observation.job
+    hourly = float(np.dot(allocation.spot, observation.spot_price)) + allocation.on_demand * observation.on_demand_price
+    return hourly * job.slot_hours / ((job.slot_hours - overhead) * job.rate(allocation.total))
+
+
+class PredictionFreePolicy(Policy):
+    """Cheap spot, paced by the progress still needed, with an on-demand fallback."""
+
+    name = "prediction-free"
+
+    def __init__(self, price_threshold: float = 0.7, safety_slots: float = 1.0) -> None:
+        if not price_threshold > 0:
+            raise ValueError(f"price_threshold must be > 0 (a share of the on-demand price), got {price_threshold}")
+        if not safety_slots >= 0:
+            raise ValueError(f"safety_slots must be >= 0 (slots kept in reserve), got {safety_slots}")
+        self.price_threshold = float(price_threshold)
+        self.safety_slots = float(safety_slots)
+        self._on_demand = False
+
+    def params(self) -> dict[str, Any]:
+        return {"price_threshold": self.price_threshold, "safety_slots": self.safety_slots}
+
+    def reset(self, job: Job) -> None:
+        self._on_demand = False
+
+    def decide(self, observation: Observation) -> Allocation:
+        job = observation.job
+        reserve = self.safety_slots * job.slot_hours
+        if not self._on_demand:
+            choice = self._choose(observation, reserve)
+            if is_deadline_safe(job, observation, choice, margin_hours=reserve):
+                return choice
+            self._on_demand = True
+        return on_demand_fallback(job, observation.past.num_pools)
+
+    def _choose(self, observation: Observation, reserve: float) -> Allocation:
+        job, remaining = observation.job, observation.remaining_work
+        cap = self.price_threshold * observation.on_demand_price
+        spot = spot_fill(observation, cap)
+        # Hours of compute left before the reserve, counting one reconfiguration.
+        hours = job.deadline_hours - observation.hours - reserve - job.reconfig_overhead_hours
+        if job.rate(job.min_instances) * (hours - job.slot_hours) >= remaining - WORK_EPSILON:
+            needed, fresh = 0, spot_only(spot, job)
+        else:
+            needed = paced_count(job, remaining, hours)
+            fresh = Allocation(spot.spot, max(needed - spot.total, 0))
+        previous = observation.previous
+        if (
+            fresh.total
+            and previous.total >= max(needed, 1)
+            and fits(previous, observation.available)
+            and all(observation.spot_price[m] <= cap for m, s in enumerate(previous.spot) if s)
+            and unit_price(observation, previous, 0.0) <= unit_price(observation, fresh, job.reconfig_overhead_hours)
+        ):
+            return previous
+        return fresh

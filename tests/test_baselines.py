@@ -1,0 +1,189 @@
+"""The baselines and the prediction-free policy on hand-made markets, decision by decision.
+
+Unless a test says otherwise the job is tests.markets.make_job's: 8 units of work, H(n) = n,
+N_min = 1, N_max = 2, soft deadline 6 h, slots of 1 h, no overhead; on-demand costs 3 USD/h.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_spotsched.scheduling.model import Allocation
+from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.policies.greedy import GreedyPolicy
+from airflow_provider_spotsched.scheduling.policies.on_demand import OnDemandPolicy
+from airflow_provider_spotsched.scheduling.policies.prediction_free import PredictionFreePolicy
+from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
+from airflow_provider_spotsched.scheduling.policy import Observation
+from airflow_provider_spotsched.simulation.simulator import simulate
+from tests.markets import make_job, make_market, whole
+
+IDLE = Allocation((0, 0), 0)
+
+
+def od(n: int, pools: int = 2) -> Allocation:
+    return Allocation((0,) * pools, n)
+
+
+def spot(*counts: int) -> Allocation:
+    return Allocation(tuple(counts), 0)
+
+
+def market(prices: list[float], available: list[list[int]], slots: int = 18):
+    """Constant ``prices`` per pool; ``available`` per slot, its last row repeated up to ``slots``."""
+    rows = available + [available[-1]] * (slots - len(available))
+    return make_market([prices] * slots, rows)
+
+
+# --- on-demand ---------------------------------------------------------------------------------
+
+
+def test_on_demand_runs_n_max_on_demand_until_completion_and_ignores_spot():
+    result = simulate(OnDemandPolicy(), make_job(), whole(market([1.0, 1.0], [[4, 4]])))
+    assert result.allocations == [od(2)] * 4
+    assert result.outcome.completion_hours == pytest.approx(4.0)
+    assert result.outcome.cost == pytest.approx(2 * 3.0 * 4)
+
+
+# --- greedy ------------------------------------------------------------------------------------
+
+
+def test_greedy_waits_for_spot_and_takes_the_cheapest_pool():
+    result = simulate(GreedyPolicy(), make_job(), whole(market([2.0, 1.0], [[0, 0], [2, 2]])))
+    assert result.allocations == [IDLE, spot(0, 2), spot(0, 2), spot(0, 2), spot(0, 2)]
+    assert result.outcome.completion_hours == pytest.approx(5.0)
+    assert result.outcome.cost == pytest.approx(4 * 2 * 1.0)
+
+
+def test_greedy_stays_on_its_spot_instances_unless_more_can_be_had():
+    # slot 1: pool 1 becomes cheaper but offers no more instances: stay (Exploitation Rule)
+    stays = simulate(GreedyPolicy(), make_job(), whole(market([1.5, 1.0], [[2, 0], [2, 2]])))
+    assert stays.allocations[:2] == [spot(2, 0), spot(2, 0)]
+    # slot 1: two instances instead of one: move to them
+    grows = simulate(GreedyPolicy(), make_job(), whole(market([1.5, 1.0], [[1, 0], [1, 2]])))
+    assert grows.allocations[:2] == [spot(1, 0), spot(0, 2)]
+
+
+def test_greedy_pauses_below_n_min_then_switches_to_on_demand_for_good():
+    # one spot instance is fewer than N_min = 2; slack for N_max on-demand runs out after slot 1;
+    # spot enough for the job comes back at slot 3, but greedy stays on on-demand
+    job = make_job(min_instances=2)
+    result = simulate(GreedyPolicy(), job, whole(market([1.0, 1.0], [[1, 0], [1, 0], [1, 0], [2, 2]])))
+    assert result.allocations == [IDLE, IDLE] + [od(2)] * 4
+    assert result.outcome.completion_hours == pytest.approx(6.0) and not result.outcome.soft_miss
+
+
+def test_greedy_never_buys_spot_priced_above_on_demand():
+    result = simulate(GreedyPolicy(), make_job(), whole(market([3.5, 4.0], [[2, 2]])))
+    assert result.allocations == [IDLE, IDLE] + [od(2)] * 4
+
+
+# --- uniform progress --------------------------------------------------------------------------
+
+
+def test_uniform_progress_uses_just_enough_on_demand_to_stay_on_the_line():
+    # L = d = 6: the line asks one unit per hour, which one on-demand instance does
+    result = simulate(UniformProgressPolicy(), make_job(work=6.0), whole(market([1.0, 1.0], [[0, 0]])))
+    assert result.allocations == [od(1)] * 6
+    assert result.outcome.completion_hours == pytest.approx(6.0) and not result.outcome.soft_miss
+
+
+def test_uniform_progress_takes_spot_when_ahead_pauses_on_the_line_and_catches_up():
+    # line 4/3 unit/h; spot for slots 0-1 puts the job ahead (4 done by 2 h), it pauses in slot 2
+    # (on the line: 4 by 3 h), then catches up with 2 and 1 on-demand instances
+    result = simulate(UniformProgressPolicy(), make_job(), whole(market([1.0, 2.0], [[2, 0], [2, 0], [0, 0]])))
+    assert result.allocations == [spot(2, 0), spot(2, 0), IDLE, od(2), od(1), od(1)]
+    assert result.outcome.completion_hours == pytest.approx(6.0)
+    assert result.outcome.cost == pytest.approx(2 * 2 * 1.0 + 3.0 * (2 + 1 + 1))
+
+
+def test_uniform_progress_hysteresis_stays_on_on_demand_until_ahead_of_the_line():
+    # overhead 0.25 h: slot 0 runs 2 on-demand (1.5 done); in slot 1 spot appears but
+    # cp = 1.5 < ep(1 + 2 * 0.25) = 2, so it stays; in slot 2 cp = 3.5 >= ep(2.5) and it moves
+    job = make_job(reconfig_overhead_hours=0.25)
+    result = simulate(UniformProgressPolicy(), job, whole(market([1.0, 2.0], [[0, 0], [2, 0]])))
+    assert result.allocations[:3] == [od(2), od(2), spot(2, 0)]
+    assert not result.outcome.soft_miss
+
+
+def test_uniform_progress_safety_net_keeps_a_slot_that_ends_after_the_deadline_from_finishing_late():
+    # d = 0.75 h falls inside slot 1: the line's one instance would finish at 1.0 h, so the
+    # safety net runs N_max on-demand, which finishes at 0.75 h
+    job = make_job(work=1.5, deadline_hours=0.75, slot_hours=0.5, hard_deadline_factor=1.0)
+    result = simulate(UniformProgressPolicy(), job, whole(make_market([[1.0]] * 2, [[0]] * 2, slot_hours=0.5)))
+    assert result.allocations == [od(2, pools=1), od(2, pools=1)]
+    assert result.outcome.completion_hours == pytest.approx(0.75) and not result.outcome.soft_miss
+
+
+# --- prediction-free ---------------------------------------------------------------------------
+
+LOOSE = dict(work=4.0, deadline_hours=12.0)  # N_max on-demand needs 2 of the 12 hours
+
+
+def test_prediction_free_waits_then_paces_with_the_fewest_instances():
+    # reserve 1 slot: one instance from hour h finishes by 12 - 1 = 11 h while h <= 7
+    result = simulate(PredictionFreePolicy(), make_job(**LOOSE), whole(market([1.0, 1.0], [[0, 0]])))
+    assert result.allocations == [IDLE] * 7 + [od(1)] * 4
+    assert result.outcome.completion_hours == pytest.approx(11.0)
+
+
+@pytest.mark.parametrize("safety_slots, start", [(0.0, 8), (3.0, 5)])
+def test_a_larger_reserve_starts_earlier(safety_slots, start):
+    policy = PredictionFreePolicy(safety_slots=safety_slots)
+    result = simulate(policy, make_job(**LOOSE), whole(market([1.0, 1.0], [[0, 0]])))
+    assert result.allocations == [IDLE] * start + [od(1)] * 4
+
+
+def test_prediction_free_takes_only_spot_below_the_price_threshold():
+    # pool 0 costs 2.5/3 = 0.83 of on-demand, pool 1 costs 0.5 and appears at slot 2
+    prices, available = [2.5, 1.5], [[2, 0], [2, 0], [2, 2]]
+    strict = simulate(PredictionFreePolicy(price_threshold=0.7), make_job(**LOOSE), whole(market(prices, available)))
+    assert strict.allocations == [IDLE, IDLE, spot(0, 2), spot(0, 2)]
+    assert strict.outcome.cost == pytest.approx(2 * 2 * 1.5)
+    lax = simulate(PredictionFreePolicy(price_threshold=0.9), make_job(**LOOSE), whole(market(prices, available)))
+    assert lax.allocations == [spot(2, 0), spot(2, 0)]
+
+
+def observation(job, previous: Allocation, work_done: float, slot: int, price: float, available: int) -> Observation:
+    past = make_market([[price]] * (slot + 1), [[available]] * (slot + 1))
+    return Observation(job, slot, past, 0, work_done, 0.0, previous)
+
+
+@pytest.mark.parametrize("overhead, keeps", [(0.5, True), (0.25, False)])
+def test_prediction_free_keeps_its_allocation_unless_moving_pays_for_the_lost_overhead(overhead, keeps):
+    # slot 8, 2 units left, pacing asks for one instance; a spot instance at 2 USD (2/3 of
+    # on-demand) appears. Per unit of work: staying on on-demand costs 3; moving costs
+    # 2 / (1 - overhead): 4 with 0.5 h lost, 2.67 with 0.25 h lost.
+    job = make_job(**LOOSE, reconfig_overhead_hours=overhead)
+    choice = PredictionFreePolicy().decide(observation(job, od(1, pools=1), 2.0, 8, 2.0, 1))
+    assert choice == (od(1, pools=1) if keeps else spot(1))
+
+
+def test_prediction_free_falls_back_to_n_max_on_demand_for_good():
+    # 11 units by 6 h on 2 instances leaves less than the 1-slot reserve: on-demand from slot 0,
+    # cheap spot from slot 1 on is not taken
+    result = simulate(PredictionFreePolicy(), make_job(work=11.0), whole(market([0.5, 0.5], [[0, 0], [2, 2]])))
+    assert result.allocations == [od(2)] * 6
+    assert result.outcome.completion_hours == pytest.approx(5.5)
+
+
+def test_prediction_free_parameters_label_and_registry():
+    policy = make_policy("prediction-free", {"price_threshold": 0.5, "safety_slots": 2})
+    assert policy.params() == {"price_threshold": 0.5, "safety_slots": 2.0}
+    assert policy.label == "prediction-free(price_threshold=0.5,safety_slots=2.0)"
+    with pytest.raises(ValueError, match="price_threshold must be > 0"):
+        PredictionFreePolicy(price_threshold=0.0)
+    with pytest.raises(ValueError, match="safety_slots must be >= 0"):
+        PredictionFreePolicy(safety_slots=-1.0)
+    with pytest.raises(ValueError, match="takes no parameter"):
+        make_policy("prediction-free", {"threshold": 0.5})
+
+
+@pytest.mark.parametrize("name", ["on-demand", "greedy", "uniform-progress", "prediction-free"])
+def test_a_policy_forgets_the_previous_job_on_reset(name):
+    # the same policy object on a tight job (which ends on on-demand) then a loose one
+    policy = make_policy(name)
+    cheap = whole(market([0.5, 0.5], [[2, 2]]))
+    simulate(policy, make_job(work=11.0), whole(market([0.5, 0.5], [[0, 0]])))
+    again = simulate(policy, make_job(), cheap)
+    assert again.allocations == simulate(make_policy(name), make_job(), cheap).allocations

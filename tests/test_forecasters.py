@@ -1,0 +1,119 @@
+"""The simple forecasters: persistence, seasonal naive and the noisy oracle, on hand-made markets."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
+from airflow_provider_spotsched.forecast.oracle import OracleForecaster
+from airflow_provider_spotsched.forecast.persistence import PersistenceForecaster
+from airflow_provider_spotsched.forecast.seasonal_naive import SeasonalNaiveForecaster
+from tests.markets import make_market
+
+# 10 slots, 2 pools: prices 1.0, 1.1, ... in pool 0 and 10x that in pool 1; counts t % 4 and 3 - t % 4
+PRICES = [[1.0 + t / 10, 10.0 + t] for t in range(10)]
+COUNTS = [[t % 4, 3 - t % 4] for t in range(10)]
+MARKET = make_market(PRICES, COUNTS)
+
+
+def test_every_forecaster_in_the_registry_is_built_by_name():
+    assert set(FORECASTERS) == {"persistence", "seasonal-naive", "oracle"}
+    assert isinstance(make_forecaster("seasonal-naive", {"season_slots": 3}), SeasonalNaiveForecaster)
+    with pytest.raises(ValueError, match="takes no parameter"):
+        make_forecaster("persistence", {"season_slots": 3})
+
+
+@pytest.mark.parametrize("forecaster", [PersistenceForecaster(), SeasonalNaiveForecaster(3), OracleForecaster(0.3)])
+def test_requests_that_cannot_be_answered_are_refused(forecaster):
+    if isinstance(forecaster, OracleForecaster):
+        forecaster.reveal(MARKET)
+    with pytest.raises(ValueError, match="horizon must be >= 1"):
+        forecaster.forecast(MARKET.prefix(4), 0)
+    with pytest.raises(ValueError, match="past holds no slot"):
+        forecaster.forecast(MARKET.prefix(0), 3)
+
+
+def test_persistence_repeats_the_last_slot():
+    forecast = PersistenceForecaster().forecast(MARKET.prefix(4), 3)
+    assert forecast.horizon == 3 and forecast.available.shape == (3, 2)
+    np.testing.assert_allclose(forecast.spot_price, [[1.3, 13.0]] * 3)
+    np.testing.assert_array_equal(forecast.available, [[3, 0]] * 3)
+
+
+def test_seasonal_naive_repeats_the_last_season():
+    # 7 slots seen (0..6), season 3: slots 7, 8, 9 are slots 4, 5, 6; slots 10, 11 are 4, 5 again
+    forecast = SeasonalNaiveForecaster(season_slots=3).forecast(MARKET.prefix(7), 5)
+    np.testing.assert_allclose(forecast.spot_price[:, 0], [1.4, 1.5, 1.6, 1.4, 1.5])
+    np.testing.assert_array_equal(forecast.available[:, 1], [3, 2, 1, 3, 2])
+
+
+def test_seasonal_naive_falls_back_to_persistence_before_the_history_starts():
+    # 2 slots seen, season 3: slot 2 has no slot a season earlier (the last slot stands in);
+    # slots 3 and 4 are slots 0 and 1
+    forecast = SeasonalNaiveForecaster(season_slots=3).forecast(MARKET.prefix(2), 3)
+    np.testing.assert_allclose(forecast.spot_price[:, 0], [1.1, 1.0, 1.1])
+    assert not np.isnan(forecast.spot_price).any()
+
+
+@pytest.mark.parametrize("season", [0, -1, 2.5, True])
+def test_seasonal_naive_refuses_a_bad_season(season):
+    with pytest.raises(ValueError, match="season_slots must be an integer >= 1"):
+        SeasonalNaiveForecaster(season_slots=season)
+
+
+def test_the_exact_oracle_returns_the_true_future_aligned_by_time():
+    # the job starts at slot 3 of MARKET; the policy's past also holds the 3 slots before it
+    oracle = OracleForecaster()
+    assert OracleForecaster.uses_future
+    oracle.reveal(MARKET.window(3))
+    forecast = oracle.forecast(MARKET.prefix(5), 3)  # now = slot 4, forecast slots 5, 6, 7
+    np.testing.assert_array_equal(forecast.spot_price, MARKET.spot_price[5:8])
+    np.testing.assert_array_equal(forecast.available, MARKET.available[5:8])
+
+
+def test_the_oracle_repeats_the_last_revealed_slot_after_the_market_ends():
+    oracle = OracleForecaster()
+    oracle.reveal(MARKET)
+    forecast = oracle.forecast(MARKET.prefix(8), 4)  # slots 8, 9, then past the end
+    np.testing.assert_array_equal(forecast.spot_price, MARKET.spot_price[[8, 9, 9, 9]])
+
+
+def test_oracle_noise_has_the_requested_size_and_repeats_for_a_seed():
+    long = make_market([[2.0, 4.0]] * 400, [[4, 2]] * 400)
+    noisy = OracleForecaster(error=0.2, seed=7)
+    noisy.reveal(long)
+    forecast = noisy.forecast(long.prefix(1), 399)
+    ratio = np.log(forecast.spot_price / long.spot_price[1:])
+    assert np.std(ratio) == pytest.approx(0.2, rel=0.15)
+    assert abs(np.mean(forecast.spot_price / long.spot_price[1:]) - 1.0) < 0.05  # unbiased
+    counts = forecast.available
+    assert np.array_equal(counts, np.rint(counts)) and counts.min() >= 0
+    assert (counts.max(axis=0) <= [4, 2]).all() and (counts != long.available[1:]).any()
+    assert not np.isnan(forecast.spot_price).any()
+
+    again = OracleForecaster(error=0.2, seed=7)
+    again.reveal(long)
+    np.testing.assert_array_equal(again.forecast(long.prefix(1), 399).spot_price, forecast.spot_price)
+    other = OracleForecaster(error=0.2, seed=8)
+    other.reveal(long)
+    assert not np.array_equal(other.forecast(long.prefix(1), 399).spot_price, forecast.spot_price)
+
+
+def test_oracle_refuses_to_answer_before_reveal_or_off_the_revealed_market():
+    oracle = OracleForecaster()
+    with pytest.raises(ValueError, match="call reveal"):
+        oracle.forecast(MARKET.prefix(3), 2)
+    oracle.reveal(MARKET.window(5))
+    with pytest.raises(ValueError, match="at or after its start"):
+        oracle.forecast(MARKET.prefix(3), 2)  # slot 3 lies before the revealed market
+    shifted = replace(MARKET, start=MARKET.start + timedelta(minutes=30))
+    with pytest.raises(ValueError, match="slot grid"):
+        oracle.forecast(shifted.prefix(7), 2)
+    with pytest.raises(ValueError, match="does not match the revealed market"):
+        oracle.forecast(make_market([[1.0]] * 6, [[1]] * 6), 2)
+    with pytest.raises(ValueError, match="error must be >= 0"):
+        OracleForecaster(error=-0.1)
