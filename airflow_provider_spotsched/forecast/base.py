@@ -27,6 +27,14 @@ class Forecast:
         return int(self.spot_price.shape[0])
 
 
+def check_request(past: SlotMarket, horizon: int) -> None:
+    """Refuse a forecast that cannot be made: no past to start from, or nothing to predict."""
+    if past.num_slots < 1:
+        raise ValueError("past holds no slot; a forecast needs at least the current slot")
+    if horizon < 1:
+        raise ValueError(f"horizon must be >= 1 slot, got {horizon}")
+
+
 class Forecaster(ABC):
     """Predicts a market's next slots from its past; ``name`` identifies the model."""
 

@@ -7,16 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from airflow_provider_spotsched.forecast.base import Forecast, Forecaster
+from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
 from airflow_provider_spotsched.market.slots import SlotMarket
-
-
-def check_request(past: SlotMarket, horizon: int) -> None:
-    """Refuse a forecast that cannot be made: no past to start from, or nothing to predict."""
-    if past.num_slots < 1:
-        raise ValueError("past holds no slot; a forecast needs at least the current slot")
-    if horizon < 1:
-        raise ValueError(f"horizon must be >= 1 slot, got {horizon}")
 
 
 class PersistenceForecaster(Forecaster):

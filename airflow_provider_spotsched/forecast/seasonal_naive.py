@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from airflow_provider_spotsched.forecast.base import Forecast, Forecaster
-from airflow_provider_spotsched.forecast.persistence import check_request
+from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
 from airflow_provider_spotsched.market.slots import SlotMarket
 
 
