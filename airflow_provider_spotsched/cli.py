@@ -1,0 +1,199 @@
+"""The ``spotsched`` command line: each subcommand is a few lines over the library modules.
+
+Bad input (a job or trace file that does not parse, an infeasible job, an unknown policy or
+parameter) ends with exit code 2 and one line that names the file or field, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import shlex
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from airflow_provider_spotsched.market.trace import TraceError, load_trace
+from airflow_provider_spotsched.scheduling.model import Job
+from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
+from airflow_provider_spotsched.simulation.evaluation import POLICY_SPECS, EvaluationError, GridConfig, evaluate
+from airflow_provider_spotsched.simulation.simulator import job_market, simulate
+
+BAD_INPUT = 2
+
+
+class InputError(Exception):
+    """Bad input from the command line; the message names the file, option or field."""
+
+
+def parse_param(text: str) -> tuple[str, Any]:
+    """``key=value`` with ``value`` read as JSON where it parses (ints, floats, bools, lists), else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise InputError(f"--param {text!r} must look like key=value, e.g. --param window=24")
+    try:
+        return key.strip(), json.loads(raw)
+    except json.JSONDecodeError:
+        return key.strip(), raw
+
+
+def seeded_params(name: str, params: Mapping[str, Any], seed: int | None) -> dict[str, Any]:
+    """``params`` plus ``seed`` when policy ``name`` takes one; a ``seed`` in ``params`` wins."""
+    accepted = inspect.signature(policy_class(name).__init__).parameters
+    if seed is None or "seed" in params or "seed" not in accepted:
+        return dict(params)
+    return {**params, "seed": seed}
+
+
+def read_job(path: Path) -> Job:
+    """The job in ``path`` (the spec's JSON object), checked for feasibility."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the job file ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: must hold one JSON object with the job's fields, got {type(data).__name__}")
+    try:
+        job = Job.from_dict(data)
+        job.check_feasible()
+    except (ValueError, TypeError) as exc:  # JobError, and a non-number where a number belongs
+        raise InputError(f"{path}: {exc}") from None
+    return job
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    params = dict(parse_param(p) for p in args.param)
+    job = read_job(args.job)
+    pools = [p.strip() for p in args.pools.split(",")] if args.pools is not None else None
+    try:
+        market = job_market(load_trace(args.trace), job, pools)
+    except TraceError as exc:
+        raise InputError(str(exc)) from None
+    try:
+        policy = make_policy(args.policy, seeded_params(args.policy, params, args.seed))
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"--policy {args.policy}: {exc}") from None
+    result = simulate(policy, job, market)
+    _write_json(args.out, result.to_dict())
+    out = result.outcome
+    finish = "never completed" if out.completion_hours is None else f"completed at {out.completion_hours:.2f} h"
+    misses = "hard miss" if out.hard_miss else "soft miss" if out.soft_miss else "deadline met"
+    print(
+        f"{result.policy}: {finish} (deadline {job.deadline_hours:g} h, {misses}), cost ${out.cost:.2f}, "
+        f"value ${out.value:.2f}, utility ${out.utility:.2f} -> {args.out}"
+    )
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from airflow_provider_spotsched.simulation.report import write_report  # imports matplotlib: only here
+
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {args.out}: cannot create the folder ({exc.strerror})") from None
+    try:
+        config = GridConfig(
+            traces=tuple(str(p) for p in args.traces),
+            scenarios=args.scenarios,
+            n_max=tuple(args.nmax),
+            slack=tuple(args.slack),
+            overhead=tuple(args.overhead),
+            policies=tuple(args.policies),
+            base_hours=args.base_hours,
+            seed=args.seed,
+        )
+        evaluation = evaluate(config, workers=args.workers, on_progress=_ProgressLine())
+    except (EvaluationError, TraceError) as exc:
+        raise InputError(str(exc)) from None
+    command = "spotsched " + " ".join(shlex.quote(a) for a in args.argv)
+    written = write_report(evaluation, args.out, command, datetime.now(timezone.utc))
+    names = ", ".join(p.name for p in written)
+    print(f"{len(evaluation.rows)} rows over {len(config.traces)} trace(s) -> {args.out}: {names}")
+    return 0
+
+
+class _ProgressLine:
+    """Scenarios done / total, elapsed and ETA, on one stderr line (rewritten in place on a terminal)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, selector_done: int, selector_total: int, elapsed: float) -> None:
+        finished = done == total and selector_done == selector_total
+        if not (self.tty or finished or elapsed - self.last >= 10.0):
+            return
+        self.last = elapsed
+        eta = f", ETA {_clock(elapsed / done * (total - done))}" if 0 < done < total else ""
+        selector = f", selector {selector_done}/{selector_total} traces" if selector_total else ""
+        line = f"evaluate: {done}/{total} scenarios{selector}, {_clock(elapsed)} elapsed{eta}"
+        end = "\n" if finished or not self.tty else ""
+        print(("\r" if self.tty else "") + line.ljust(72), end=end, file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--out {path}: cannot write ({exc.strerror})") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spotsched", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sim = commands.add_parser("simulate", help="replay one policy on one job over a trace")
+    sim.add_argument("--trace", type=Path, required=True, help="trace CSV (optionally .gz), the spec's format")
+    sim.add_argument("--job", type=Path, required=True, help="job JSON file, the spec's format")
+    sim.add_argument("--policy", required=True, help="policy name, e.g. on-demand, greedy, chc, selector")
+    sim.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="policy parameter (repeatable); VALUE is read as JSON where it parses, else as a string")
+    sim.add_argument("--pools", help="comma-separated pools to schedule over (default: all in the trace)")
+    sim.add_argument("--seed", type=int, help="seed for policies that take one (a --param seed=... wins)")
+    sim.add_argument("--out", type=Path, required=True, help="where to write the simulation-result JSON")
+    sim.set_defaults(run=cmd_simulate)
+
+    default = GridConfig()
+    ev = commands.add_parser("evaluate", help="run the evaluation grid and write tables and plots")
+    ev.add_argument("--out", type=Path, required=True, help="output folder for results.csv, summary.md, *.png")
+    ev.add_argument("--traces", type=Path, nargs="+", default=list(default.traces),
+                    help="trace files (default: the two shipped traces)")
+    ev.add_argument("--scenarios", type=int, default=default.scenarios, help="start times per trace")
+    ev.add_argument("--policies", nargs="+", default=list(default.policies), choices=list(POLICY_SPECS),
+                    metavar="POLICY", help=f"policies to run (default: all of {', '.join(POLICY_SPECS)})")
+    ev.add_argument("--nmax", type=int, nargs="+", default=list(default.n_max), help="N_max values")
+    ev.add_argument("--slack", type=float, nargs="+", default=list(default.slack), help="deadline slack factors")
+    ev.add_argument("--overhead", type=float, nargs="+", default=list(default.overhead),
+                    help="reconfiguration overheads, hours")
+    ev.add_argument("--base-hours", type=float, default=default.base_hours,
+                    help="hours the job takes on N_max on-demand instances, without overhead")
+    ev.add_argument("--seed", type=int, default=default.seed, help="base seed of seeded policies")
+    ev.add_argument("--workers", "--jobs", "-j", type=int, default=2, help="worker processes")
+    ev.set_defaults(run=cmd_evaluate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    try:
+        return args.run(args)
+    except InputError as exc:
+        print(f"spotsched {args.command}: error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

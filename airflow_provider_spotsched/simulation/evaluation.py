@@ -1,0 +1,457 @@
+"""The evaluation grid: scenarios cut from traces, every evaluated policy on each, one row per run.
+
+A scenario is (trace, start, N_max, deadline slack, reconfiguration overhead). Its job is sized
+from the grid alone, never from a trace's prices: N_max instances' work for ``base_hours``, a
+deadline that on-demand meets with ``slack`` to spare, and a value above the on-demand cost, so
+every scenario is feasible and "relative to optimal" and "relative to on-demand" are defined.
+
+Scenarios run in parallel processes. The selector learns across the scenarios of one trace in
+chronological order, so its whole sequence is one task per trace, run once that trace's
+scenarios (which compute its feedback) are done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from airflow_provider_spotsched import AWS_TRACE, GCP_TRACE
+from airflow_provider_spotsched.market.trace import Trace, load_trace
+from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
+from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.policy import Policy
+from airflow_provider_spotsched.simulation.simulator import JobMarket, SimulationResult, job_market, simulate
+
+ORACLE_ERRORS = (0.0, 0.1, 0.25, 0.5)
+SELECTOR = "selector"
+
+
+class EvaluationError(ValueError):
+    """The grid cannot be laid on a trace or names an unknown policy; the message says the fix."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One evaluated policy: a registry name with fixed parameters, reported under ``key``.
+
+    ``seeded`` policies get a seed per run (the oracle's noise, the selector's draws); the
+    others get none, since e.g. CHC refuses a seed that its forecaster would not use.
+    """
+
+    key: str
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+    seeded: bool = False
+
+    def build(self, seed: int) -> Policy:
+        return make_policy(self.name, {**dict(self.params), "seed": seed} if self.seeded else dict(self.params))
+
+    @property
+    def forecast_error(self) -> float | None:
+        """The injected relative forecast error of an oracle-forecast CHC, else None."""
+        params = dict(self.params)
+        return float(params["error"]) if params.get("forecaster") == "oracle" else None
+
+
+def _policy_specs() -> dict[str, PolicySpec]:
+    specs = [
+        PolicySpec("on-demand", "on-demand"),
+        PolicySpec("greedy", "greedy"),
+        PolicySpec("uniform-progress", "uniform-progress"),
+        PolicySpec("optimal", "optimal"),
+        PolicySpec("prediction-free", "prediction-free"),
+        PolicySpec("chc-seasonal-naive", "chc", (("forecaster", "seasonal-naive"),)),
+        *(
+            PolicySpec(f"chc-oracle-{e:g}", "chc", (("forecaster", "oracle"), ("error", e)), seeded=True)
+            for e in ORACLE_ERRORS
+        ),
+        PolicySpec(SELECTOR, "selector", seeded=True),
+    ]
+    return {spec.key: spec for spec in specs}
+
+
+POLICY_SPECS: dict[str, PolicySpec] = _policy_specs()
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """The grid and the job template; the defaults are the documented evaluation."""
+
+    traces: tuple[str, ...] = (str(AWS_TRACE), str(GCP_TRACE))
+    scenarios: int = 8
+    n_max: tuple[int, ...] = (1, 4, 8, 16)
+    slack: tuple[float, ...] = (1.25, 1.5, 2.0)
+    overhead: tuple[float, ...] = (0.1, 0.25)
+    policies: tuple[str, ...] = tuple(POLICY_SPECS)
+    base_hours: float = 12.0
+    throughput: Throughput = Throughput(1.0, 0.0)
+    hard_deadline_factor: float = 1.5
+    value_factor: float = 1.3
+    slot_hours: float = 1.0
+    lookback_hours: float = 7 * 24.0
+    min_lookback_hours: float = 2 * 24.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.policies if p not in POLICY_SPECS]
+        if unknown:
+            raise EvaluationError(f"unknown policies {unknown}; choose from {list(POLICY_SPECS)}")
+        for name in ("traces", "n_max", "slack", "overhead", "policies"):
+            if not getattr(self, name):
+                raise EvaluationError(f"{name} is empty; give at least one value")
+        names = [trace_name(path) for path in self.traces]
+        if len(set(names)) != len(names):
+            raise EvaluationError(f"traces must have distinct file names (reports name traces by them), got {names}")
+        if self.scenarios < 1:
+            raise EvaluationError(f"scenarios must be >= 1, got {self.scenarios}")
+        if min(self.n_max) < 1:
+            raise EvaluationError(f"n_max values must be >= 1 instance, got {self.n_max}")
+        if min(self.slack) < 1:
+            raise EvaluationError(f"slack values must be >= 1 so that on-demand meets the deadline, got {self.slack}")
+        if self.base_hours <= 0:
+            raise EvaluationError(f"base_hours must be > 0, got {self.base_hours}")
+        for n, s, o in itertools.product(self.n_max, self.slack, self.overhead):
+            try:
+                template_job(self, n, s, o).check_feasible()
+            except JobError as exc:
+                raise EvaluationError(f"grid cell n_max={n}, slack={s}, overhead={o}: {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["throughput"] = {"alpha": self.throughput.alpha, "beta": self.throughput.beta}
+        return data
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One cell of the grid on one trace; ``index`` orders a trace's scenarios in time."""
+
+    trace: str
+    start: datetime
+    n_max: int
+    slack: float
+    overhead: float
+    index: int
+    lookback_hours: float
+
+    @property
+    def trace_name(self) -> str:
+        return trace_name(self.trace)
+
+    @property
+    def start_text(self) -> str:
+        return self.start.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def trace_name(path: str) -> str:
+    """A trace's short name in reports: its file name without ``.csv``/``.csv.gz``."""
+    name = Path(path).name
+    for suffix in (".gz", ".csv"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def template_job(config: GridConfig, n_max: int, slack: float, overhead: float) -> Job:
+    """The grid's job for one cell, valued 0: H(N_max) * base_hours of work, deadline slack * (base + overhead)."""
+    return Job(
+        work=config.throughput(n_max) * config.base_hours,
+        deadline_hours=slack * (config.base_hours + overhead),
+        max_instances=n_max,
+        min_instances=1,
+        throughput=config.throughput,
+        value=0.0,
+        hard_deadline_factor=config.hard_deadline_factor,
+        reconfig_overhead_hours=overhead,
+        slot_hours=config.slot_hours,
+    )
+
+
+def scenario_job(config: GridConfig, trace: Trace, scenario: Scenario) -> tuple[Job, JobMarket]:
+    """The scenario's job and market; its value is ``value_factor`` x its on-demand cost."""
+    draft = replace(template_job(config, scenario.n_max, scenario.slack, scenario.overhead), start=scenario.start)
+    market = job_market(trace, draft, lookback_hours=scenario.lookback_hours)
+    on_demand_cost = scenario.n_max * market.market.on_demand_price * (config.base_hours + scenario.overhead)
+    job = replace(draft, value=config.value_factor * on_demand_cost)
+    job.check_feasible()
+    return job, market
+
+
+def plan_scenarios(config: GridConfig, trace: Trace) -> list[Scenario]:
+    """The trace's scenarios in chronological order: ``scenarios`` starts x the grid's cells.
+
+    Starts spread evenly over the part of the trace that leaves ``lookback`` hours of history
+    before them and the longest cell's whole horizon (to its hard deadline) after them. The
+    lookback is ``lookback_hours`` capped at half of what the trace leaves beyond one horizon,
+    and never under ``min_lookback_hours``.
+    """
+    step = config.slot_hours * 3600.0
+    cells = list(itertools.product(config.n_max, config.slack, config.overhead))
+    horizon_slots = max(template_job(config, *cell).horizon_slots for cell in cells)
+    span_hours = (trace.last_time - trace.first_time) / 3600.0
+    room_hours = span_hours - (horizon_slots - 1) * config.slot_hours
+    lookback = max(config.min_lookback_hours, min(config.lookback_hours, room_hours / 2))
+    lookback = math.floor(lookback / config.slot_hours) * config.slot_hours
+    if lookback > room_hours or lookback < config.min_lookback_hours:
+        raise EvaluationError(
+            f"{trace.source} spans {span_hours:.1f} h; the grid needs {config.min_lookback_hours:g} h of history "
+            f"plus {horizon_slots} slots to the longest hard deadline: use a longer trace, smaller slack or base_hours"
+        )
+    first = _minute(trace.first_time + lookback * 3600.0, math.ceil)
+    last = _minute(trace.last_time - (horizon_slots - 1) * step, math.floor)
+    starts = [_minute(t, math.floor) for t in np.linspace(first, max(first, last), config.scenarios)]
+    return [
+        Scenario(trace.source, datetime.fromtimestamp(t, timezone.utc), n, s, o, i * len(cells) + j, lookback)
+        for i, t in enumerate(starts)
+        for j, (n, s, o) in enumerate(cells)
+    ]
+
+
+def _minute(epoch: float, rounding: Callable[[float], int]) -> float:
+    return float(rounding(epoch / 60.0) * 60)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One policy on one scenario: the spec's outcome, decision times, and relatives.
+
+    ``excess_cost`` = cost / optimal cost - 1, ``utility_vs_optimal`` = utility / optimal
+    utility, ``cost_vs_on_demand`` = cost / on-demand cost, all on the same scenario (empty
+    when the reference policy was not run or is zero).
+    """
+
+    trace: str
+    start: str
+    n_max: int
+    slack: float
+    overhead: float
+    policy: str
+    params: str
+    cost: float
+    value: float
+    utility: float
+    completion_hours: float | None
+    soft_miss: bool
+    hard_miss: bool
+    decision_ms_mean: float
+    decision_ms_p50: float
+    excess_cost: float | None = None
+    utility_vs_optimal: float | None = None
+    cost_vs_on_demand: float | None = None
+
+    @property
+    def scenario_key(self) -> tuple[str, str, int, float, float]:
+        return (self.trace, self.start, self.n_max, self.slack, self.overhead)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
+
+
+def make_row(scenario: Scenario, spec: PolicySpec, result: SimulationResult) -> Row:
+    out = result.outcome
+    ms = np.asarray(result.decision_seconds or [0.0]) * 1000.0
+    return Row(
+        trace=scenario.trace_name,
+        start=scenario.start_text,
+        n_max=scenario.n_max,
+        slack=scenario.slack,
+        overhead=scenario.overhead,
+        policy=spec.key,
+        params=json.dumps(dict(spec.params), sort_keys=True),
+        cost=out.cost,
+        value=out.value,
+        utility=out.utility,
+        completion_hours=out.completion_hours,
+        soft_miss=out.soft_miss,
+        hard_miss=out.hard_miss,
+        decision_ms_mean=float(ms.mean()),
+        decision_ms_p50=float(np.median(ms)),
+    )
+
+
+_TRACES: dict[str, Trace] = {}
+
+
+def cached_trace(path: str) -> Trace:
+    """A trace loaded once per process (worker processes forked after loading inherit it).
+
+    Its ``source`` is ``path``, so a scenario's ``trace`` finds it again in any process.
+    """
+    if path not in _TRACES:
+        _TRACES[path] = load_trace(path)
+    return _TRACES[path]
+
+
+@dataclass(frozen=True)
+class ScenarioRun:
+    """One scenario's rows and, when the selector is evaluated, its members' counterfactual utilities."""
+
+    scenario: Scenario
+    rows: list[Row]
+    member_utilities: dict[str, float] | None
+
+
+def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], selector: bool) -> ScenarioRun:
+    """Every policy in ``keys`` on one scenario; seeded ones get ``config.seed + scenario.index``.
+
+    With ``selector``, also every selector pool member's utility on the scenario's realised
+    market: the selector's full-information feedback, computed here so that it runs in parallel.
+    """
+    job, market = scenario_job(config, cached_trace(scenario.trace), scenario)
+    rows = []
+    for key in keys:
+        spec = POLICY_SPECS[key]
+        rows.append(make_row(scenario, spec, simulate(spec.build(config.seed + scenario.index), job, market)))
+    utilities = POLICY_SPECS[SELECTOR].build(config.seed).counterfactual_utilities(job, market) if selector else None
+    return ScenarioRun(scenario, rows, utilities)
+
+
+def run_selector(config: GridConfig, runs: Sequence[ScenarioRun]) -> tuple[list[Row], dict[str, Any]]:
+    """The selector over one trace's scenarios in order of start time, one round per scenario.
+
+    A fresh selector warms up on the history before the first start (round 0 of its history).
+    A round's feedback (its members' counterfactual utilities) is learnt only once its job's
+    horizon has ended, i.e. before the first round that starts at or after that instant, so the
+    selector never learns from market data later than the job it is deciding.
+    """
+    spec = POLICY_SPECS[SELECTOR]
+    selector = spec.build(config.seed)
+    trace = cached_trace(runs[0].scenario.trace)
+    ordered = sorted(runs, key=lambda r: r.scenario.index)
+    first_job, first_market = scenario_job(config, trace, ordered[0].scenario)
+    warm_up = selector.warm_up(first_market, first_job)
+    history: list[dict[str, Any]] = [{"round": 0, "warm_up_rounds": warm_up, "weights": selector.weights()}]
+    waiting: list[tuple[datetime, ScenarioRun, Job, JobMarket, str | None]] = []
+    rows: list[Row] = []
+
+    def learn(before: Scenario | None) -> None:
+        waiting.sort(key=lambda item: item[0])
+        while waiting and (before is None or waiting[0][0] <= before.start):
+            _, run, job, market, played = waiting.pop(0)
+            selector.update(job, market, run.member_utilities)
+            history.append({
+                "round": len(history), "start": run.scenario.start_text, "n_max": run.scenario.n_max,
+                "slack": run.scenario.slack, "overhead": run.scenario.overhead, "played": played,
+                "learnt_before": None if before is None else before.start_text,
+                "utilities": run.member_utilities, "weights": selector.weights(),
+            })
+
+    for run in ordered:
+        scenario = run.scenario
+        learn(before=scenario)
+        job, market = scenario_job(config, trace, scenario)
+        rows.append(make_row(scenario, spec, simulate(selector, job, market)))
+        ends = scenario.start + timedelta(hours=job.horizon_slots * job.slot_hours)
+        waiting.append((ends, run, job, market, selector.playing))
+    learn(before=None)
+    return rows, {"members": list(selector.labels), "rounds": history, "final_state": selector.to_state()}
+
+
+def with_relatives(rows: Sequence[Row]) -> list[Row]:
+    """``rows`` with each one's cost and utility relative to its scenario's optimal and on-demand."""
+    reference: dict[tuple[Any, ...], Row] = {}
+    for row in rows:
+        if row.policy in ("optimal", "on-demand"):
+            reference[(row.policy, *row.scenario_key)] = row
+    out = []
+    for row in rows:
+        best = reference.get(("optimal", *row.scenario_key))
+        base = reference.get(("on-demand", *row.scenario_key))
+        out.append(
+            replace(
+                row,
+                excess_cost=None if best is None else _ratio(row.cost, best.cost, minus=1.0),
+                utility_vs_optimal=None if best is None else _ratio(row.utility, best.utility),
+                cost_vs_on_demand=None if base is None else _ratio(row.cost, base.cost),
+            )
+        )
+    return out
+
+
+def _ratio(x: float, reference: float, minus: float = 0.0) -> float | None:
+    return None if reference == 0 else x / reference - minus
+
+
+@dataclass
+class Evaluation:
+    """Everything one evaluation produced: the rows and, per trace, the selector's learning."""
+
+    config: GridConfig
+    rows: list[Row]
+    selector: dict[str, Any] = field(default_factory=dict)
+
+
+ProgressCallback = Callable[[int, int, int, int, float], None]
+"""Called as ``(scenarios_done, scenarios_total, selector_traces_done, selector_traces_total, elapsed_s)``."""
+
+
+def evaluate(config: GridConfig, workers: int = 2, on_progress: ProgressCallback | None = None) -> Evaluation:
+    """Run the grid over ``workers`` processes; rows come back in grid order.
+
+    Scenarios run first, in parallel; a trace's selector sequence starts as soon as all of that
+    trace's scenarios (which carry its feedback) are done.
+    """
+    if workers < 1:
+        raise EvaluationError(f"workers must be >= 1, got {workers}")
+    began = time.monotonic()
+    plans = {path: plan_scenarios(config, cached_trace(path)) for path in config.traces}
+    keys = [k for k in config.policies if k != SELECTOR]
+    with_selector = SELECTOR in config.policies
+    total = sum(len(plan) for plan in plans.values())
+    selector_total = len(plans) if with_selector else 0
+    rows: list[Row] = []
+    runs: dict[str, list[ScenarioRun]] = {path: [] for path in plans}
+    selector: dict[str, Any] = {}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        pending: dict[Future, str | None] = {
+            pool.submit(run_scenario, config, scenario, keys, with_selector): None
+            for plan in plans.values()
+            for scenario in plan
+        }
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                path = pending.pop(future)
+                if path is None:
+                    run = future.result()
+                    rows += run.rows
+                    runs[run.scenario.trace].append(run)
+                    if with_selector and len(runs[run.scenario.trace]) == len(plans[run.scenario.trace]):
+                        pending[pool.submit(run_selector, config, runs[run.scenario.trace])] = run.scenario.trace
+                else:
+                    selector_rows, selector[trace_name(path)] = future.result()
+                    rows += selector_rows
+            if on_progress is not None:
+                done = sum(len(r) for r in runs.values())
+                on_progress(done, total, len(selector), selector_total, time.monotonic() - began)
+    rows.sort(key=_grid_order(config))
+    ordered = {name: selector[name] for name in map(trace_name, config.traces) if name in selector}
+    return Evaluation(config, with_relatives(rows), ordered)
+
+
+def _grid_order(config: GridConfig) -> Callable[[Row], tuple[Any, ...]]:
+    """Sort key: trace as given, then start, the grid's cell order, and the policies' order."""
+    names = [trace_name(p) for p in config.traces]
+
+    def key(row: Row) -> tuple[Any, ...]:
+        return (
+            names.index(row.trace),
+            row.start,
+            config.n_max.index(row.n_max),
+            config.slack.index(row.slack),
+            config.overhead.index(row.overhead),
+            config.policies.index(row.policy),
+        )
+
+    return key

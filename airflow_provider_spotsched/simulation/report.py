@@ -1,0 +1,95 @@
+"""An evaluation's files: ``results.csv``, ``results.json``, ``summary.md`` and the plots.
+
+The summary aggregates the rows of :mod:`.evaluation` per trace and overall; every number in it
+can be recomputed from ``results.csv`` alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from airflow_provider_spotsched.simulation.evaluation import COLUMNS, Evaluation, Row
+
+SUMMARY_HEADER = (
+    "| policy | runs | excess cost vs optimal | utility / optimal | cost / on-demand "
+    "| soft misses | hard misses | median decision ms |"
+)
+
+
+def write_report(evaluation: Evaluation, out: Path, command: str, when: datetime) -> list[Path]:
+    """Write every file of the evaluation into ``out``; returns the paths written."""
+    from airflow_provider_spotsched.simulation.plots import write_plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_csv(evaluation.rows, out / "results.csv"), out / "results.json", out / "summary.md"]
+    results = {"command": command, "date": when.isoformat(), "grid": evaluation.config.to_dict(),
+               "selector": evaluation.selector}
+    written[1].write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    written[2].write_text(summary_markdown(evaluation, command, when), encoding="utf-8")
+    return written + write_plots(evaluation, out)
+
+
+def write_csv(rows: Iterable[Row], path: Path) -> Path:
+    """Every row, one column per :data:`~.evaluation.COLUMNS` entry; an unknown relative is empty."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in row.to_dict().items()})
+    return path
+
+
+def summary_markdown(evaluation: Evaluation, command: str, when: datetime) -> str:
+    config = evaluation.config
+    traces = list(dict.fromkeys(row.trace for row in evaluation.rows))
+    lines = [
+        "# Evaluation summary",
+        "",
+        f"Produced by `{command}` on {when.strftime('%Y-%m-%d %H:%M UTC')}.",
+        "",
+        f"Grid: {config.scenarios} start(s) per trace x N_max {list(config.n_max)} x slack {list(config.slack)} "
+        f"x overhead {list(config.overhead)} h; job of {config.base_hours:g} h on N_max on-demand instances, "
+        f"hard deadline factor {config.hard_deadline_factor:g}, value {config.value_factor:g} x on-demand cost.",
+        "",
+        "Means are over scenarios; relatives compare with the same scenario's `optimal` and `on-demand` runs "
+        "(see docs/evaluation.md).",
+    ]
+    sections = [("All traces", evaluation.rows)] + [(t, [r for r in evaluation.rows if r.trace == t]) for t in traces]
+    for title, rows in sections:
+        lines += ["", f"## {title}", "", SUMMARY_HEADER, "|" + " --- |" * 8]
+        lines += [_summary_line(policy, group) for policy, group in _by_policy(rows, config.policies)]
+    return "\n".join(lines) + "\n"
+
+
+def _by_policy(rows: Sequence[Row], order: Sequence[str]) -> list[tuple[str, list[Row]]]:
+    groups = [(policy, [r for r in rows if r.policy == policy]) for policy in order]
+    return [(policy, group) for policy, group in groups if group]
+
+
+def _summary_line(policy: str, rows: Sequence[Row]) -> str:
+    cells = [
+        policy,
+        str(len(rows)),
+        _mean([r.excess_cost for r in rows], percent=True),
+        _mean([r.utility_vs_optimal for r in rows]),
+        _mean([r.cost_vs_on_demand for r in rows]),
+        str(sum(r.soft_miss for r in rows)),
+        str(sum(r.hard_miss for r in rows)),
+        f"{float(np.median([r.decision_ms_p50 for r in rows])):.3g}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _mean(values: Sequence[Any], percent: bool = False) -> str:
+    known = [v for v in values if v is not None and math.isfinite(v)]
+    if not known:
+        return "n/a"
+    mean = float(np.mean(known))
+    return f"{100 * mean:+.1f}%" if percent else f"{mean:.3f}"

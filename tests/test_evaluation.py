@@ -1,0 +1,134 @@
+"""The evaluation grid: scenario layout, job sizing, relatives, the selector's feedback order, the files."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_spotsched.cli import main
+from airflow_provider_spotsched.market.trace import load_trace
+from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.simulation import evaluation as ev
+from airflow_provider_spotsched.simulation.evaluation import (
+    COLUMNS,
+    EvaluationError,
+    GridConfig,
+    Row,
+    plan_scenarios,
+    run_scenario,
+    run_selector,
+    scenario_job,
+    template_job,
+    with_relatives,
+)
+from airflow_provider_spotsched.simulation.simulator import simulate
+from tests.test_cli import write_slice
+
+TINY = dict(n_max=(2,), slack=(1.5,), overhead=(0.1,), base_hours=4.0)
+
+
+@pytest.fixture(scope="module")
+def slice_path(tmp_path_factory, gcp_trace) -> Path:
+    return write_slice(gcp_trace, tmp_path_factory.mktemp("trace") / "gcp_4d.csv.gz", days=4)
+
+
+@pytest.fixture(scope="module")
+def slice_trace(slice_path):
+    return load_trace(slice_path)
+
+
+def test_scenarios_leave_history_before_and_the_horizon_after(slice_trace, slice_path):
+    config = GridConfig(traces=(str(slice_path),), scenarios=3, n_max=(1, 4), slack=(1.25, 2.0), base_hours=4.0)
+    plan = plan_scenarios(config, slice_trace)
+    assert len(plan) == 3 * 2 * 2 * 2
+    assert [s.index for s in plan] == list(range(len(plan)))
+    assert [s.start for s in plan] == sorted(s.start for s in plan)
+    assert len({s.start for s in plan}) == 3
+    for scenario in plan:
+        assert config.min_lookback_hours <= scenario.lookback_hours <= config.lookback_hours
+        job, market = scenario_job(config, slice_trace, scenario)
+        assert market.offset * job.slot_hours == scenario.lookback_hours
+        assert market.market.num_slots == market.offset + job.horizon_slots
+
+
+def test_a_trace_too_short_for_the_grid_is_refused(slice_trace, slice_path):
+    with pytest.raises(EvaluationError, match="history"):
+        plan_scenarios(GridConfig(traces=(str(slice_path),), base_hours=40.0), slice_trace)
+
+
+def test_the_job_is_sized_so_that_on_demand_is_feasible_and_earns(slice_trace, slice_path):
+    config = GridConfig(traces=(str(slice_path),), scenarios=1, n_max=(4,), slack=(1.25,), overhead=(0.25,))
+    (scenario,) = plan_scenarios(config, slice_trace)
+    job, market = scenario_job(config, slice_trace, scenario)
+    assert job.work == 4 * 12.0 and job.deadline_hours == pytest.approx(1.25 * 12.25)
+    assert (job.hard_deadline_factor, job.min_instances, job.start) == (1.5, 1, scenario.start)
+    on_demand = simulate(make_policy("on-demand"), job, market).outcome
+    assert on_demand.completion_hours == pytest.approx(12.25)
+    assert job.value == pytest.approx(1.3 * on_demand.cost)
+    assert not on_demand.soft_miss
+
+
+def row(policy: str, cost: float, utility: float, start: str = "s") -> Row:
+    return Row("t", start, 1, 1.5, 0.1, policy, "{}", cost, 10.0, utility, 1.0, False, False, 0.1, 0.1)
+
+
+def test_relatives_compare_with_the_same_scenarios_references():
+    rows = with_relatives([row("optimal", 2.0, 8.0), row("on-demand", 8.0, 2.0), row("greedy", 3.0, 6.0),
+                           row("greedy", 1.0, 1.0, start="other")])
+    greedy = rows[2]
+    assert greedy.excess_cost == pytest.approx(0.5)
+    assert greedy.utility_vs_optimal == pytest.approx(0.75)
+    assert greedy.cost_vs_on_demand == pytest.approx(0.375)
+    assert rows[3].excess_cost is rows[3].utility_vs_optimal is rows[3].cost_vs_on_demand is None
+
+
+def test_unknown_policy_in_the_grid_is_refused():
+    with pytest.raises(EvaluationError, match="magic"):
+        GridConfig(policies=("greedy", "magic"))
+
+
+def test_selector_learns_a_round_only_after_its_horizon(monkeypatch, slice_trace, slice_path):
+    pool = [{"policy": "greedy"}, {"policy": "prediction-free", "params": {"price_threshold": 0.5}}]
+    monkeypatch.setitem(ev.POLICY_SPECS, "selector", ev.PolicySpec("selector", "selector", (("pool", pool),)))
+    config = GridConfig(traces=(str(slice_path),), policies=("greedy", "selector"), **TINY)
+    (first,) = plan_scenarios(replace(config, scenarios=1), slice_trace)
+    horizon = template_job(config, 2, 1.5, 0.1).horizon_slots
+    offsets = (0, 2, horizon + 1)
+    plan = [replace(first, start=first.start + timedelta(hours=h), index=i) for i, h in enumerate(offsets)]
+    runs = [run_scenario(config, scenario, [], selector=True) for scenario in plan]
+    rows, learning = run_selector(config, runs)
+    assert [r.policy for r in rows] == ["selector"] * 3
+    rounds = learning["rounds"]
+    assert rounds[0]["round"] == 0 and rounds[0]["warm_up_rounds"] > 0
+    assert [r["learnt_before"] for r in rounds[1:]] == [plan[2].start_text, None, None]
+    assert learning["final_state"]["rounds"] == rounds[0]["warm_up_rounds"] + 3
+    assert set(rounds[-1]["weights"]) == set(learning["members"])
+
+
+def test_evaluate_writes_every_file_with_the_right_columns(tmp_path, slice_path, capsys):
+    out = tmp_path / "eval"
+    policies = ["on-demand", "greedy", "optimal", "chc-oracle-0", "chc-oracle-0.5", "selector"]
+    args = ["evaluate", "--out", str(out), "--traces", str(slice_path), "--scenarios", "2", "--nmax", "2",
+            "--slack", "1.5", "--overhead", "0.1", "--base-hours", "4", "--workers", "2", "--policies", *policies]
+    assert main(args) == 0
+    assert "2/2 scenarios" in capsys.readouterr().err
+    with (out / "results.csv").open() as handle:
+        reader = csv.DictReader(handle)
+        table = list(reader)
+    assert tuple(reader.fieldnames) == COLUMNS
+    assert len(table) == 2 * len(policies)
+    assert [r["policy"] for r in table[: len(policies)]] == policies
+    for r in table:
+        assert float(r["utility_vs_optimal"]) <= 1.0 + 1e-6
+        assert r["trace"] == "gcp_4d"
+    summary = (out / "summary.md").read_text()
+    assert "spotsched evaluate --out" in summary and "## gcp_4d" in summary and "## All traces" in summary
+    results = json.loads((out / "results.json").read_text())
+    assert results["selector"]["gcp_4d"]["final_state"]["version"] == 1
+    for name in ("cost_per_policy", "utility_vs_slack", "chc_forecast_error", "selector_weights"):
+        assert (out / f"{name}.png").stat().st_size > 0
