@@ -200,6 +200,7 @@ def test_job_from_dict_reads_the_spec_json_and_round_trips():
         ({**JOB, "throughput": {"beta": 1.0}}, "throughput must be an object"),
         ({**JOB, "throughput": {"alpha": 1.0, "gamma": 2}}, r"unknown throughput field\(s\) \['gamma'\]"),
         ({**JOB, "throughput": {"alpha": -1.0}}, "throughput.alpha must be > 0"),
+        ({**JOB, "throughput": {"alpha": "fast"}}, "throughput.alpha and throughput.beta must be numbers"),
         ({**JOB, "start": "yesterday"}, "start:"),
     ],
 )

@@ -112,7 +112,10 @@ class Job:
         extra = sorted(set(tp) - {"alpha", "beta"})
         if extra:
             raise JobError(f"unknown throughput field(s) {extra}; use alpha and beta")
-        fields["throughput"] = Throughput(float(tp["alpha"]), float(tp.get("beta", 0.0)))
+        try:
+            fields["throughput"] = Throughput(float(tp["alpha"]), float(tp.get("beta", 0.0)))
+        except (TypeError, ValueError):
+            raise JobError(f"throughput.alpha and throughput.beta must be numbers, got {dict(tp)}") from None
         if fields.get("start") is not None:
             from airflow_provider_spotsched.market.trace import parse_timestamp
 
