@@ -1,0 +1,281 @@
+"""The online policy selector: its state, its learning guarantees and its warm-up."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.scheduling.model import Allocation
+from airflow_provider_spotsched.scheduling.policies import POLICIES, make_policy
+from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.selector import (
+    ExponentialWeights,
+    SelectorPolicy,
+    SelectorStateError,
+    normalised_loss,
+    on_demand_cost,
+)
+from airflow_provider_spotsched.simulation.simulator import JobMarket, simulate
+from tests.markets import make_job, make_market
+
+POOL = [
+    {"policy": "on-demand", "params": {}},
+    {"policy": "greedy", "params": {}},
+    {"policy": "prediction-free", "params": {"price_threshold": 0.5}},
+    {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0}},
+]
+
+
+class Clairvoyant(Policy):
+    """A policy that asks for the realised future, as the hindsight optimum does."""
+
+    name = "test-clairvoyant"
+    uses_future = True
+
+    def decide(self, observation: Observation) -> Allocation:
+        return Allocation.idle(observation.past.num_pools)
+
+
+def random_market(slots: int, seed: int, cheap: bool = False) -> SlotMarket:
+    """Two pools; ``cheap`` makes spot always available at a third of the on-demand price."""
+    rng = np.random.default_rng(seed)
+    if cheap:
+        return make_market(np.full((slots, 2), 1.0), np.full((slots, 2), 2))
+    return make_market(rng.uniform(0.5, 3.5, (slots, 2)), rng.integers(0, 3, (slots, 2)))
+
+
+def job_market(offset: int, seed: int, cheap: bool = False) -> JobMarket:
+    return JobMarket(random_market(offset + 12, seed, cheap), offset)
+
+
+def test_state_round_trips_exactly_through_json():
+    job = make_job()
+    selector = SelectorPolicy(POOL, seed=3, warm_up_rounds=2)
+    for seed in range(3):
+        jm = job_market(40, seed)
+        simulate(selector, job, jm)
+        selector.update(job, jm)
+    restored = SelectorPolicy.from_state(json.loads(json.dumps(selector.to_state())))
+    assert restored.to_state() == selector.to_state()
+    for seed in range(3, 6):
+        jm = job_market(40, seed)
+        first, second = simulate(selector, job, jm), simulate(restored, job, jm)
+        assert first.allocations == second.allocations
+        assert selector.update(job, jm) == restored.update(job, jm)
+        assert selector.weights() == restored.weights()
+    assert restored.to_state() == selector.to_state()
+
+
+def test_state_restored_mid_job_keeps_the_member_and_its_probability():
+    job = make_job()
+    selector = SelectorPolicy(POOL, algorithm="exp3", seed=1, warm_up_rounds=0)
+    market = random_market(12, 0)
+    observation = Observation(job, 0, market.prefix(1), 0, 0.0, 0.0, Allocation.idle(2))
+    selector.reset(job)
+    selector.decide(observation)
+    restored = SelectorPolicy.from_state(json.loads(json.dumps(selector.to_state())))
+    assert restored.playing == selector.playing is not None
+    assert restored.decide(observation) == selector.decide(observation)
+
+
+def test_a_fresh_selector_learns_from_history_before_its_first_job():
+    job = make_job()
+    selector = SelectorPolicy(POOL, warm_up_rounds=3)
+    result = simulate(selector, job, job_market(60, 0))
+    assert selector.learner.rounds == 3
+    assert result.outcome.completion_hours is not None
+
+
+def test_warm_up_never_reads_the_submission_slot_or_later():
+    offset = 60
+    early, late = random_market(offset + 12, 1), random_market(offset + 12, 2)
+    spot_price = np.concatenate([early.spot_price[:offset], late.spot_price[offset:]])
+    available = np.concatenate([early.available[:offset], late.available[offset:]])
+    twin = make_market(spot_price, available)
+    job = make_job()
+    explicit = [SelectorPolicy(POOL, warm_up_rounds=3) for _ in range(2)]
+    assert [s.warm_up(JobMarket(m, offset), job) for s, m in zip(explicit, (early, twin))] == [3, 3]
+    assert explicit[0].to_state() == explicit[1].to_state()
+    assert len(set(explicit[0].weights().values())) > 1  # the warm-up did learn something
+    lazy = [SelectorPolicy(POOL, warm_up_rounds=3) for _ in range(2)]
+    for selector, market in zip(lazy, (early, twin)):
+        selector.reset(job)
+        selector.decide(Observation(job, 0, market.prefix(offset + 1), offset, 0.0, 0.0, Allocation.idle(2)))
+    assert lazy[0].to_state() == lazy[1].to_state()
+    assert lazy[0].to_state()["cumulative_loss"] == explicit[0].to_state()["cumulative_loss"]
+
+
+def test_hedge_moves_its_weight_off_a_member_that_keeps_losing():
+    job = make_job()
+    selector = SelectorPolicy(POOL, warm_up_rounds=0)
+    for seed in range(40):
+        jm = job_market(0, seed, cheap=True)
+        simulate(selector, job, jm)
+        selector.update(job, jm)
+    weights = selector.weights()
+    assert weights["on-demand"] < 0.05  # spot at a third of its price is always there
+    best = selector.labels[int(np.argmin(selector.learner.cumulative_loss))]
+    assert weights[best] == max(weights.values())
+
+
+def test_hedge_concentrates_on_a_stationary_synthetic_sequence():
+    rng = np.random.default_rng(0)
+    learner = ExponentialWeights(4)
+    for _ in range(600):
+        learner.learn_full(np.clip(rng.normal([0.3, 0.5, 0.5, 0.7], 0.1), 0, 1))
+    assert learner.probabilities()[0] > 0.95
+
+
+def trap(t: int) -> np.ndarray:
+    """Follow the leader's nightmare: after a half loss, members 0 and 1 lose in turn."""
+    return np.array([0.5, 0.0, 1.0, 1.0]) if t == 0 else np.array([(t + 1) % 2, t % 2, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("sequence", ["trap", "adaptive", "random"])
+def test_hedge_regret_stays_below_the_proved_bound(sequence):
+    k, horizon = 4, 400
+    rng = np.random.default_rng(1)
+    for fixed in (None, horizon):
+        learner = ExponentialWeights(k, horizon=fixed)
+        played, regrets = 0.0, []
+        for t in range(2 * horizon):
+            if sequence == "adaptive":  # the member the learner trusts most loses
+                loss = np.zeros(k)
+                loss[int(np.argmax(learner.probabilities()))] = 1.0
+            else:
+                loss = rng.uniform(0, 1, k) if sequence == "random" else trap(t)
+            played += float(learner.probabilities() @ loss)
+            learner.learn_full(loss)
+            regrets.append(played - float(learner.cumulative_loss.min()))
+        for t, regret in enumerate(regrets, start=1):
+            assert regret <= math.sqrt(t * math.log(k)) + 1e-9  # anytime, and fixed after T
+        if fixed:
+            assert regrets[horizon - 1] <= math.sqrt(horizon * math.log(k) / 2) + 1e-9
+
+
+def test_follow_the_leader_plays_the_least_loss_and_falls_into_the_trap():
+    learner = ExponentialWeights(4, choice="leader")
+    played = 0.0
+    for t in range(200):
+        index, probability = learner.choose()
+        assert probability == 1.0 and index == int(np.argmin(learner.cumulative_loss))
+        played += trap(t)[index]
+        learner.learn_full(trap(t))
+    assert played - learner.cumulative_loss.min() > 90  # linear regret: why "sample" is the default
+
+
+def test_exp3_importance_weighting_estimates_the_true_cumulative_loss():
+    k, rounds = 3, 2000
+    losses = np.clip(np.random.default_rng(2).normal([0.45, 0.5, 0.55], 0.2, (rounds, k)), 0, 1)
+    estimates = []
+    for seed in range(10):
+        learner = ExponentialWeights(k, algorithm="exp3", seed=seed)
+        for loss in losses:
+            index, probability = learner.choose()
+            learner.learn_bandit(index, loss[index], probability)
+        estimates.append(learner.cumulative_loss)
+    true = losses.sum(axis=0)
+    assert np.all(np.abs(np.mean(estimates, axis=0) - true) < 0.05 * true)
+
+
+def test_exp3_expected_regret_stays_below_the_proved_bound():
+    k, rounds = 4, 500
+    losses = np.clip(np.random.default_rng(3).normal([0.3, 0.5, 0.5, 0.6], 0.2, (rounds, k)), 0, 1)
+    regrets = []
+    for seed in range(20):
+        learner = ExponentialWeights(k, algorithm="exp3", seed=seed)
+        played = 0.0
+        for loss in losses:
+            index, probability = learner.choose()
+            played += loss[index]
+            learner.learn_bandit(index, loss[index], probability)
+        regrets.append(played - losses.sum(axis=0).min())
+    assert np.mean(regrets) <= 2 * math.sqrt(rounds * k * math.log(k))
+
+
+def test_hedge_reuses_the_played_members_realised_utility():
+    job, jm = make_job(), job_market(0, 4)
+    given, replayed = (SelectorPolicy(POOL, warm_up_rounds=0) for _ in range(2))
+    result = simulate(given, job, jm)
+    simulate(replayed, job, jm)
+    given.update(job, jm, {given.playing: result.outcome.utility})
+    replayed.update(job, jm)
+    assert given.to_state() == replayed.to_state()
+
+
+def test_exp3_learns_the_played_member_only():
+    job = make_job()
+    selector = SelectorPolicy(POOL, algorithm="exp3", warm_up_rounds=0)
+    jm = job_market(0, 0)
+    with pytest.raises(ValueError, match="run the job through decide first"):
+        selector.update(job, jm)
+    simulate(selector, job, jm)
+    played = selector.playing
+    losses = selector.update(job, jm, {played: 5.0})
+    assert list(losses) == [played]
+    assert losses[played] == normalised_loss(job, 5.0, on_demand_cost(job, 3.0))
+
+
+def test_loss_is_normalised_by_value_plus_on_demand_cost():
+    job = make_job()  # 8 units on 2 on-demand instances at $3: 4 h, $24; V0 = 30
+    assert on_demand_cost(job, 3.0) == pytest.approx(24.0)
+    assert normalised_loss(job, 30.0, 24.0) == 0.0
+    assert normalised_loss(job, 6.0, 24.0) == pytest.approx(24 / 54)
+    assert normalised_loss(job, -100.0, 24.0) == 1.0
+
+
+def test_default_pool_builds_through_the_registry():
+    selector = make_policy("selector", {"seed": 2})
+    assert 6 <= len(selector.labels) <= 10
+    assert selector.label.startswith(f"selector(pool={len(selector.labels)}:")
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"version": 2}, "'version'"),
+        ({"version": None}, "'version'"),
+        ({"rounds": -1}, "'rounds'"),
+        ({"draws": 1.5}, "'draws'"),
+        ({"cumulative_loss": {"on-demand": 0.0}}, "'cumulative_loss'"),
+        ({"current": {"member": "nobody", "probability": 0.5}}, "'current'"),
+        ({"algorithm": "ucb"}, "algorithm"),
+        ({"pool": []}, "pool"),
+        ({"extra": 1}, "unknown field"),
+    ],
+)
+def test_malformed_state_is_refused_naming_the_field(change, field):
+    state = {**SelectorPolicy(POOL).to_state(), **change}
+    with pytest.raises(SelectorStateError, match=field):
+        SelectorPolicy.from_state(state)
+
+
+def test_state_that_is_not_an_object_is_refused():
+    with pytest.raises(SelectorStateError, match="JSON object"):
+        SelectorPolicy.from_state([1, 2])
+    state = SelectorPolicy(POOL).to_state()
+    del state["seed"]
+    with pytest.raises(SelectorStateError, match=r"missing field\(s\) \['seed'\]"):
+        SelectorPolicy.from_state(state)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"pool": [{"policy": "selector"}]}, "pool\\[0\\] is a selector"),
+        ({"pool": [{"policy": "test-clairvoyant"}]}, "sees the future"),
+        ({"pool": [{"policy": "on-demand"}, {"policy": "on-demand"}]}, "same member twice"),
+        ({"pool": [{"policy": "greedy", "params": {"nope": 1}}]}, "pool\\[0\\]: .*nope"),
+        ({"pool": POOL, "algorithm": "exp3", "choice": "leader"}, "full information"),
+        ({"pool": POOL, "horizon": 0}, "horizon"),
+        ({"pool": POOL, "warm_up_rounds": -1}, "warm_up_rounds"),
+    ],
+)
+def test_bad_configuration_is_refused_with_the_fix(kwargs, message, monkeypatch):
+    monkeypatch.setitem(POLICIES, "test-clairvoyant", f"{__name__}:Clairvoyant")
+    with pytest.raises(ValueError, match=message):
+        SelectorPolicy(**kwargs)
