@@ -113,6 +113,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     command = "spotsched " + " ".join(shlex.quote(a) for a in args.argv)
     written = write_report(evaluation, args.out, command, datetime.now(timezone.utc))
     names = ", ".join(p.name for p in written)
+    print((args.out / "summary.md").read_text(encoding="utf-8"))
     print(f"{len(evaluation.rows)} rows over {len(config.traces)} trace(s) -> {args.out}: {names}")
     return 0
 
