@@ -18,6 +18,7 @@ from airflow_provider_spotsched.scheduling.selector import (
     SelectorStateError,
     normalised_loss,
     on_demand_cost,
+    shortfall_losses,
 )
 from airflow_provider_spotsched.simulation.simulator import JobMarket, simulate
 from tests.markets import make_job, make_market
@@ -279,3 +280,10 @@ def test_bad_configuration_is_refused_with_the_fix(kwargs, message, monkeypatch)
     monkeypatch.setitem(POLICIES, "test-clairvoyant", f"{__name__}:Clairvoyant")
     with pytest.raises(ValueError, match=message):
         SelectorPolicy(**kwargs)
+
+
+def test_full_information_losses_are_shortfalls_from_the_rounds_best():
+    losses = shortfall_losses({"a": 10.0, "b": 9.0, "c": -50.0}, scale=2.0)
+    assert losses == {"a": 0.0, "b": pytest.approx(0.5), "c": 1.0}
+    with pytest.raises(ValueError, match="loss_scale must be a number > 0"):
+        SelectorPolicy(loss_scale=0)

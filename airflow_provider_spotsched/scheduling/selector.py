@@ -36,6 +36,8 @@ STATE_VERSION = 1
 ALGORITHMS = ("hedge", "exp3")
 CHOICES = ("sample", "leader")
 DEFAULT_WARM_UP_ROUNDS = 4
+# A member that pays this share of the on-demand bill more than the round's best loses 1.
+DEFAULT_LOSS_SCALE = 0.1
 
 # The two axes along which the paper builds its pool. CHC spans the commitment level at both
 # ends (re-plan every slot, on a 12-slot window since one slot is all it keeps; commit to 8 of
@@ -152,6 +154,9 @@ class SelectorPolicy(Policy):
     :param seed: seeds the member draws.
     :param warm_up_rounds: full-information rounds replayed on history before submission when
         the learner has seen no round yet (0: none).
+    :param loss_scale: with Hedge, a member's loss in a round is its utility shortfall from the
+        round's best member over ``loss_scale`` x the job's on-demand cost, clipped to [0, 1]
+        (see :func:`shortfall_losses`).
     """
 
     name = "selector"
@@ -164,11 +169,15 @@ class SelectorPolicy(Policy):
         horizon: int | None = None,
         seed: int = 0,
         warm_up_rounds: int = DEFAULT_WARM_UP_ROUNDS,
+        loss_scale: float = DEFAULT_LOSS_SCALE,
     ) -> None:
         self.pool = _check_pool(DEFAULT_POOL if pool is None else pool)
         if not isinstance(warm_up_rounds, int) or isinstance(warm_up_rounds, bool) or warm_up_rounds < 0:
             raise ValueError(f"warm_up_rounds must be an integer >= 0, got {warm_up_rounds!r}")
         self.warm_up_rounds = warm_up_rounds
+        if not _is_number(loss_scale) or loss_scale <= 0:
+            raise ValueError(f"loss_scale must be a number > 0 (a share of the on-demand cost), got {loss_scale!r}")
+        self.loss_scale = float(loss_scale)
         self.learner = ExponentialWeights(len(self.pool), algorithm, choice, horizon, seed)
         self.members = [_build_member(i, entry) for i, entry in enumerate(self.pool)]
         # Separate instances for counterfactual replays, so that a replay never resets the
@@ -192,6 +201,7 @@ class SelectorPolicy(Policy):
             "horizon": self.learner.horizon,
             "seed": self.learner.seed,
             "warm_up_rounds": self.warm_up_rounds,
+            "loss_scale": self.loss_scale,
         }
 
     @property
@@ -254,8 +264,8 @@ class SelectorPolicy(Policy):
             for index, label in enumerate(self.labels):
                 if label not in known:
                     known[label] = self._replay(index, job, job_market)
-            losses = {label: normalised_loss(job, known[label], on_demand) for label in self.labels}
-            self.learner.learn_full(list(losses.values()))
+            losses = shortfall_losses(known, self.loss_scale * on_demand)
+            self.learner.learn_full([losses[label] for label in self.labels])
         else:
             if self.current is None:
                 raise ValueError("exp3 feedback needs the member played this round: run the job through decide first")
@@ -279,8 +289,8 @@ class SelectorPolicy(Policy):
         windows = _warm_up_windows(past, job, rounds)
         on_demand = on_demand_cost(job, past.on_demand_price)
         for window_job, window in windows:
-            utilities = self.counterfactual_utilities(window_job, window)
-            self.learner.learn_full([normalised_loss(window_job, utilities[label], on_demand) for label in self.labels])
+            losses = shortfall_losses(self.counterfactual_utilities(window_job, window), self.loss_scale * on_demand)
+            self.learner.learn_full([losses[label] for label in self.labels])
         return len(windows)
 
     def _replay(self, index: int, job: Job, job_market: JobMarket) -> float:
@@ -324,14 +334,14 @@ class SelectorPolicy(Policy):
                 f"selector state field 'version' is {state.get('version')!r}; this code reads version {STATE_VERSION}: "
                 "start a fresh selector or convert the document"
             )
-        fields = ("version", "pool", "algorithm", "choice", "horizon", "seed", "warm_up_rounds")
+        fields = ("version", "pool", "algorithm", "choice", "horizon", "seed", "warm_up_rounds", "loss_scale")
         fields += ("cumulative_loss", "rounds", "draws", "current")
         missing = [f for f in fields if f not in state]
         unknown = sorted(set(state) - set(fields))
         if missing or unknown:
             raise SelectorStateError(f"selector state has missing field(s) {missing} and unknown field(s) {unknown}")
         try:
-            selector = cls(**{f: state[f] for f in fields[1:7]})
+            selector = cls(**{f: state[f] for f in fields[1:8]})
         except (TypeError, ValueError) as exc:
             raise SelectorStateError(f"selector state: {exc}") from None
         losses = state["cumulative_loss"]
@@ -360,6 +370,19 @@ def on_demand_cost(job: Job, on_demand_price: float) -> float:
     fallback = on_demand_fallback(job, 1)
     prices = np.zeros((job.horizon_slots, 1))
     return evaluate(job, [fallback] * job.horizon_slots, prices, on_demand_price).cost
+
+
+def shortfall_losses(utilities: Mapping[str, float], scale: float) -> dict[str, float]:
+    """Full-information losses in [0, 1]: each member's shortfall from the round's best, over ``scale``.
+
+    The members of a pool differ by a few percent of a job's cost, so measuring them against the
+    job's whole value (as :func:`normalised_loss` must, lacking the other members) would leave the
+    weights near uniform for hundreds of rounds. Against the round's best, a member ``scale``
+    dollars worse loses 1 and the best loses 0: the same regret bound, in these units, learnt
+    from a handful of jobs. ``scale`` depends on the job only, never on the round's spread.
+    """
+    best = max(utilities.values())
+    return {label: min(max((best - u) / scale, 0.0), 1.0) if scale > 0 else 0.0 for label, u in utilities.items()}
 
 
 def normalised_loss(job: Job, utility: float, on_demand: float) -> float:
