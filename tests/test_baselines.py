@@ -187,3 +187,18 @@ def test_a_policy_forgets_the_previous_job_on_reset(name):
     simulate(policy, make_job(work=11.0), whole(market([0.5, 0.5], [[0, 0]])))
     again = simulate(policy, make_job(), cheap)
     assert again.allocations == simulate(make_policy(name), make_job(), cheap).allocations
+
+
+def test_prediction_free_spot_premium_runs_ahead_only_on_the_cheapest_offers():
+    # pool 0 at 1.0 has 1 instance, pool 1 at 1.5 has 2; plenty of slack
+    market = make_market([[1.0, 1.5]] * 12, [[1, 2]] * 12)
+    job = make_job(work=4.0, max_instances=2, deadline_hours=8.0)
+    plain = simulate(make_policy("prediction-free", {"price_threshold": 0.9, "safety_slots": 0.0}), job, whole(market))
+    thrifty = simulate(
+        make_policy("prediction-free", {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.1}), job, whole(market)
+    )
+    assert plain.allocations[0] == Allocation((1, 1), 0)
+    assert thrifty.allocations[0] == Allocation((1, 0), 0), "ahead of need, only pools within 10% of the cheapest"
+    assert thrifty.outcome.cost < plain.outcome.cost and not thrifty.outcome.soft_miss
+    with pytest.raises(ValueError, match="spot_premium must be >= 0"):
+        make_policy("prediction-free", {"spot_premium": -1})

@@ -16,6 +16,11 @@ Rule, each slot, with a reserve of ``safety_slots`` slots kept before the soft d
    (:func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` with the reserve as
    margin), switch to N_max on-demand and stay there until completion.
 
+With ``spot_premium`` set, spot run ahead of need (rule 2's waiting phase) is further limited to
+pools priced within that share of the cheapest spot offer now: with slack to spare, a few
+instances in the cheapest pool beat many spread over dearer ones (which also flap more and
+cost reconfigurations). Paced instances still take any spot within the threshold first.
+
 A low ``price_threshold`` waits for deep discounts; a high one takes any spot cheaper than
 on-demand. A larger ``safety_slots`` paces earlier and falls back sooner. Varying both builds
 the pool of variants that the policy selector learns from.
@@ -30,6 +35,7 @@ import numpy as np
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.rules import (
+    cheapest_allocation,
     fits,
     is_deadline_safe,
     on_demand_fallback,
@@ -58,17 +64,23 @@ class PredictionFreePolicy(Policy):
 
     name = "prediction-free"
 
-    def __init__(self, price_threshold: float = 0.7, safety_slots: float = 1.0) -> None:
+    def __init__(self, price_threshold: float = 0.7, safety_slots: float = 1.0, spot_premium: float | None = None) -> None:
         if not price_threshold > 0:
             raise ValueError(f"price_threshold must be > 0 (a share of the on-demand price), got {price_threshold}")
         if not safety_slots >= 0:
             raise ValueError(f"safety_slots must be >= 0 (slots kept in reserve), got {safety_slots}")
+        if spot_premium is not None and not spot_premium >= 0:
+            raise ValueError(f"spot_premium must be >= 0 (a share above the cheapest spot price) or null, got {spot_premium}")
+        self.spot_premium = None if spot_premium is None else float(spot_premium)
         self.price_threshold = float(price_threshold)
         self.safety_slots = float(safety_slots)
         self._on_demand = False
 
     def params(self) -> dict[str, Any]:
-        return {"price_threshold": self.price_threshold, "safety_slots": self.safety_slots}
+        params: dict[str, Any] = {"price_threshold": self.price_threshold, "safety_slots": self.safety_slots}
+        if self.spot_premium is not None:
+            params["spot_premium"] = self.spot_premium
+        return params
 
     def reset(self, job: Job) -> None:
         self._on_demand = False
@@ -86,14 +98,14 @@ class PredictionFreePolicy(Policy):
     def _choose(self, observation: Observation, reserve: float) -> Allocation:
         job, remaining = observation.job, observation.remaining_work
         cap = self.price_threshold * observation.on_demand_price
-        spot = spot_fill(observation, cap)
+        spot = spot_fill(observation, self._voluntary_cap(observation, cap))
         # Hours of compute left before the reserve, counting one reconfiguration.
         hours = job.deadline_hours - observation.hours - reserve - job.reconfig_overhead_hours
         if job.rate(job.min_instances) * (hours - job.slot_hours) >= remaining - WORK_EPSILON:
             needed, fresh = 0, spot_only(spot, job)
         else:
             needed = paced_count(job, remaining, hours)
-            fresh = Allocation(spot.spot, max(needed - spot.total, 0))
+            fresh = top_up(observation, Allocation(spot.spot, 0), needed, cap)
         previous = observation.previous
         if (
             fresh.total
@@ -104,3 +116,19 @@ class PredictionFreePolicy(Policy):
         ):
             return previous
         return fresh
+
+    def _voluntary_cap(self, observation: Observation, cap: float) -> float:
+        """The price cap for spot run ahead of need: within ``spot_premium`` of the cheapest offer."""
+        if self.spot_premium is None:
+            return cap
+        offered = [p for p, a in zip(observation.spot_price, observation.available) if a > 0 and p <= cap]
+        return min(cap, (1.0 + self.spot_premium) * min(offered)) if offered else cap
+
+
+def top_up(observation: Observation, base: Allocation, n: int, cap: float) -> Allocation:
+    """``base`` plus the cheapest spot left within ``cap``, then on-demand, up to ``n`` instances."""
+    if base.total >= n:
+        return base
+    left = [int(a) - s for a, s in zip(observation.available, base.spot)]
+    extra = cheapest_allocation(n - base.total, observation.spot_price, left, observation.on_demand_price, cap)
+    return Allocation(tuple(s + e for s, e in zip(base.spot, extra.spot)), extra.on_demand)
