@@ -1,0 +1,184 @@
+"""Committed horizon control (CHC): the prediction-based algorithm of arXiv 2512.20967.
+
+Each time its commitment runs out, CHC forecasts the slots ahead (the current slot's prices
+and availability are known exactly and lead the window), solves the next ``window`` slots
+exactly with :func:`~airflow_provider_spotsched.scheduling.planner.solve_plan`, and commits to
+the plan's first ``commit`` slots. Committing to several slots keeps the schedule from
+reconfiguring on every forecast wobble; re-planning keeps it close to the news.
+
+A window that ends before the job's horizon prices the work it leaves unfinished
+(``terminal_price``) and must end in a state from which N_max on-demand instances still meet
+the soft deadline. Reality overrides the plan: a committed allocation that exceeds what the
+market offers now triggers a re-plan on the spot, and every decision passes
+:func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` or becomes the on-demand
+fallback.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from airflow_provider_spotsched.forecast import make_forecaster
+from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
+from airflow_provider_spotsched.scheduling.planner import PlanError, PlanRequest, solve_plan
+from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, fits, is_deadline_safe, on_demand_fallback
+
+TERMINAL_PRICES = ("marginal", "on-demand")
+
+
+class CHCPolicy(Policy):
+    """Plan ``window`` slots on a forecast, commit to ``commit`` of them, re-plan."""
+
+    name = "chc"
+
+    def __init__(
+        self,
+        window: int = 24,
+        commit: int = 4,
+        forecaster: str = "seasonal-naive",
+        error: float = 0.0,
+        seed: int = 0,
+        terminal_price: str | float = "marginal",
+    ) -> None:
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(f"window must be an integer >= 1 (slots planned ahead), got {window!r}")
+        if isinstance(commit, bool) or not isinstance(commit, (int, np.integer)) or not 1 <= commit <= window:
+            raise ValueError(
+                f"commit must be an integer in [1, window={window}] (slots committed per plan), got {commit!r}"
+            )
+        named = isinstance(terminal_price, str) and terminal_price in TERMINAL_PRICES
+        number = not isinstance(terminal_price, (bool, str)) and isinstance(terminal_price, (int, float))
+        number = number and terminal_price >= 0
+        if not (named or number):
+            raise ValueError(
+                f"terminal_price must be one of {TERMINAL_PRICES} or a number >= 0 (USD per work unit), "
+                f"got {terminal_price!r}"
+            )
+        if forecaster != "oracle" and (error or seed):
+            raise ValueError(
+                f"error and seed apply to the oracle forecaster only; drop them for forecaster={forecaster!r}"
+            )
+        params = {"error": error, "seed": seed} if forecaster == "oracle" else {}
+        self.window, self.commit = int(window), int(commit)
+        self.terminal_price = terminal_price
+        self.forecaster_name = forecaster
+        self.forecaster = make_forecaster(forecaster, params)
+        self.uses_future = bool(getattr(self.forecaster, "uses_future", False))
+        self._committed: list[Allocation] = []
+
+    def params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"window": self.window, "commit": self.commit, "forecaster": self.forecaster_name}
+        if self.forecaster_name == "oracle":
+            params.update(self.forecaster.params())
+        params["terminal_price"] = self.terminal_price
+        return params
+
+    def reset(self, job: Job) -> None:
+        self._committed = []
+
+    def reveal(self, market: SlotMarket) -> None:
+        """Forward the realised market to a forecaster that needs it (the oracle)."""
+        self.forecaster.reveal(market)
+
+    def decide(self, observation: Observation) -> Allocation:
+        job = observation.job
+        if self._committed and not fits(self._committed[0], observation.available):
+            self._committed = []
+        if not self._committed:
+            self._committed = self._plan(observation)
+        choice = self._committed.pop(0)
+        if not is_deadline_safe(job, observation, choice):
+            self._committed = []
+            return on_demand_fallback(job, observation.past.num_pools)
+        return choice
+
+    def _plan(self, observation: Observation) -> list[Allocation]:
+        """Solve the window from now and return the committed allocations."""
+        try:
+            plan = solve_plan(self.window_request(observation))
+        except PlanError:
+            return [on_demand_fallback(observation.job, observation.past.num_pools)]
+        return plan.allocations[: self.commit]
+
+    def window_request(self, observation: Observation) -> PlanRequest:
+        """The planning problem CHC solves at this observation: the window on the forecast."""
+        job = observation.job
+        width = min(self.window, job.horizon_slots - observation.slot)
+        reaches_horizon = observation.slot + width >= job.horizon_slots
+        to_deadline = math.ceil((job.deadline_hours - observation.hours) / job.slot_hours - 1e-9)
+        price, available = self._ahead(observation, width if reaches_horizon else max(width, to_deadline))
+        # Every decision is deadline-safe, so the job always earns its full value: short of the
+        # horizon the window only trades cost now against the terminal price of work left, and a
+        # value credited to in-window completions alone would buy completion at any price.
+        return PlanRequest(
+            job=job if reaches_horizon else replace(job, value=0.0),
+            start_hours=observation.hours,
+            work_done=observation.work_done,
+            previous=observation.previous,
+            spot_price=price[:width],
+            available=available[:width],
+            on_demand_price=observation.on_demand_price,
+            terminal_cost_per_work=None if reaches_horizon else self._terminal(observation, price, available),
+            deadline_safe_end=not reaches_horizon,
+            deadline_safe=True,
+        )
+
+    def _ahead(self, observation: Observation, slots: int) -> tuple[np.ndarray, np.ndarray]:
+        """Prices and availability of ``slots`` slots from now: the current one known, then forecast."""
+        price = observation.past.spot_price[-1:].astype(float)
+        available = observation.past.available[-1:].astype(float)
+        if slots > 1:
+            forecast = self.forecaster.forecast(observation.past, slots - 1)
+            price = np.vstack([price, forecast.spot_price])
+            available = np.vstack([available, forecast.available])
+        return price, available
+
+    def _terminal(self, observation: Observation, price: np.ndarray, available: np.ndarray) -> float:
+        """USD per unit of work left after the window (see ``docs/policies-optimal-chc.md``).
+
+        ``marginal``: the price of the last unit of work the job has to buy before its soft
+        deadline. The forecast up to the deadline is the supply: each slot offers N_max
+        instances, spot pools cheapest first and on-demand for the rest; bought cheapest first,
+        the remaining work ends on that price. Work is then deferred past the window exactly
+        when now is dearer than what the rest of the time to the deadline offers.
+        ``on-demand``: the price of finishing on N_max on-demand instances (defers nothing).
+        """
+        job = observation.job
+        if not isinstance(self.terminal_price, str):
+            return float(self.terminal_price)
+        on_demand = observation.on_demand_price
+        slots_left = (job.deadline_hours - observation.hours) / job.slot_hours
+        rows = min(len(price), math.ceil(slots_left - 1e-9))
+        if self.terminal_price == "on-demand" or rows < 1:  # past d, only on-demand speed is left
+            return job.max_instances * on_demand / job.rate(job.max_instances)
+        unit_price, unit_work = supply_curve(job, price[:rows], available[:rows], on_demand)
+        unit_work[-job.max_instances :] *= min(slots_left - (rows - 1), 1.0)  # the last slot may end after d
+        order = np.argsort(unit_price, kind="stable")
+        bought = np.cumsum(unit_work[order])
+        last = int(np.searchsorted(bought, observation.remaining_work - WORK_EPSILON))
+        return float(unit_price[order][min(last, len(order) - 1)])
+
+
+def supply_curve(
+    job: Job, price: np.ndarray, available: np.ndarray, on_demand_price: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every instance the slots offer up to N_max each: its price per unit of work and its work.
+
+    In each slot the k-th instance is the k-th cheapest (spot pools by price, then on-demand); it
+    adds H(k) - H(k-1) work units per hour, so its price per unit of work is its hourly price
+    over that.
+    """
+    n_max = job.max_instances
+    hourly = np.empty((len(price), n_max))
+    for t, (row_price, row_available) in enumerate(zip(price, np.floor(available))):
+        counts = cheapest_allocation(n_max, row_price, np.maximum(row_available, 0).astype(int), on_demand_price)
+        spot = np.repeat(row_price, counts.spot)
+        hourly[t] = np.concatenate([np.sort(spot), np.full(counts.on_demand, on_demand_price)])
+    added = np.diff([job.rate(k) for k in range(n_max + 1)])
+    return (hourly / added).ravel(), np.tile(added * job.slot_hours, len(hourly))

@@ -1,0 +1,119 @@
+"""Committed horizon control: valid and deadline-safe decisions, and the optimum on a perfect forecast."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+
+from airflow_provider_spotsched.scheduling.model import Allocation, Job, Throughput
+from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy, supply_curve
+from airflow_provider_spotsched.scheduling.policy import Observation
+from airflow_provider_spotsched.scheduling.rules import is_deadline_safe
+from airflow_provider_spotsched.simulation.simulator import job_market, simulate
+from tests.markets import make_job, make_market, whole
+
+
+class Checked(CHCPolicy):
+    """CHC that asserts each of its decisions fits the market now and is deadline-safe."""
+
+    def decide(self, observation: Observation) -> Allocation:
+        choice = super().decide(observation)
+        assert all(s <= a for s, a in zip(choice.spot, observation.available)), (observation.slot, choice)
+        assert is_deadline_safe(observation.job, observation, choice), (observation.slot, choice)
+        return choice
+
+
+def trace_case(trace, n_max: int, hours: float, slack: float, overhead: float, days: float, gamma: float = 1.5):
+    start = datetime.fromtimestamp(trace.first_time, timezone.utc) + timedelta(days=days)
+    draft = Job(
+        work=n_max * hours,
+        deadline_hours=slack * (hours + overhead),
+        max_instances=n_max,
+        throughput=Throughput(1.0, 0.0),
+        value=1.0,
+        hard_deadline_factor=gamma,
+        reconfig_overhead_hours=overhead,
+        start=start,
+    )
+    market = job_market(trace, draft)
+    return replace(draft, value=1.3 * n_max * (hours + overhead) * market.market.on_demand_price), market
+
+
+@pytest.mark.parametrize(
+    "trace_name, forecaster, error",
+    [("aws", "seasonal-naive", 0.0), ("aws", "oracle", 0.5), ("gcp", "persistence", 0.0), ("gcp", "oracle", 0.25)],
+)
+def test_decisions_fit_the_market_and_are_deadline_safe(request, trace_name, forecaster, error):
+    trace = request.getfixturevalue(f"{trace_name}_trace")
+    job, market = trace_case(trace, n_max=4, hours=12.0, slack=1.25, overhead=0.25, days=4.0)
+    params = {"error": error, "seed": 1} if forecaster == "oracle" else {}
+    policy = Checked(window=12, commit=3, forecaster=forecaster, **params)
+    result = simulate(policy, job, market)
+    assert not result.outcome.soft_miss
+    assert result.outcome.cost <= simulate(make_policy("on-demand"), job, market).outcome.cost + 1e-9
+
+
+@pytest.mark.parametrize("commit", [1, 4])
+@pytest.mark.parametrize("trace_name, days", [("aws", 10.0), ("gcp", 2.0), ("gcp", 7.0)])
+def test_perfect_forecast_over_the_whole_horizon_matches_the_optimum(request, trace_name, days, commit):
+    # No overhead and no value after d: the optimum then never leaves the deadline-safe region,
+    # so CHC (which must stay in it) can reach it, and re-planning on the truth keeps it there.
+    trace = request.getfixturevalue(f"{trace_name}_trace")
+    job, market = trace_case(trace, n_max=4, hours=10.0, slack=1.5, overhead=0.0, days=days, gamma=1.0)
+    optimal = simulate(make_policy("optimal"), job, market).outcome
+    policy = make_policy("chc", {"window": job.horizon_slots, "commit": commit, "forecaster": "oracle"})
+    chc = simulate(policy, job, market).outcome
+    assert chc.utility == pytest.approx(optimal.utility, abs=1e-6)
+
+
+def test_a_broken_commitment_is_replanned_at_once():
+    # Persistence promises pool 0 for ever; it vanishes at slot 1, while 2 slots are committed.
+    market = make_market([[1.0, 2.0]] * 9, [[2, 2], [0, 2], [0, 2], [0, 2]] + [[2, 2]] * 5)
+    result = simulate(Checked(window=4, commit=2, forecaster="persistence"), make_job(), whole(market))
+    assert result.allocations[0].spot[0] > 0
+    assert result.allocations[1].spot[0] == 0
+
+
+def test_oracle_makes_chc_use_the_future_and_reset_repeats_a_run():
+    market = make_market([[1.0], [3.0], [0.5], [0.5], [0.5], [0.5], [2.0], [2.0], [2.0]], [[2]] * 9)
+    policy = make_policy("chc", {"window": 3, "commit": 1, "forecaster": "oracle"})
+    assert policy.uses_future
+    first = simulate(policy, make_job(), whole(market))
+    again = simulate(policy, make_job(), whole(market))
+    assert first.allocations == again.allocations
+    assert not make_policy("chc").uses_future
+
+
+def test_params_and_label():
+    policy = CHCPolicy(window=12, commit=2, forecaster="oracle", error=0.1, seed=3, terminal_price=1.5)
+    assert policy.params() == {
+        "window": 12, "commit": 2, "forecaster": "oracle", "error": 0.1, "seed": 3, "terminal_price": 1.5
+    }
+    assert CHCPolicy().label == "chc(window=24,commit=4,forecaster=seasonal-naive,terminal_price=marginal)"
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"window": 0}, "window"),
+        ({"window": 4, "commit": 5}, "commit"),
+        ({"terminal_price": "cheap"}, "terminal_price"),
+        ({"terminal_price": -1.0}, "terminal_price"),
+        ({"forecaster": "persistence", "error": 0.1}, "oracle"),
+    ],
+)
+def test_invalid_parameters_name_the_fix(params, message):
+    with pytest.raises(ValueError, match=message):
+        CHCPolicy(**params)
+
+
+def test_supply_curve_offers_n_max_instances_per_slot_cheapest_first():
+    job = make_job(throughput=Throughput(1.0, 0.5))
+    price, work = supply_curve(job, np.array([[1.0, 2.0], [5.0, 1.5]]), np.array([[1.0, 0.0], [3.0, 1.0]]), 3.0)
+    # slot 0: pool 0 ($1) then on-demand ($3); slot 1: pool 1 ($1.5) then pool 0 ($5 > $3 skipped: on-demand)
+    assert np.allclose(work, [1.5, 1.0, 1.5, 1.0])
+    assert np.allclose(price, [1.0 / 1.5, 3.0, 1.5 / 1.5, 3.0])
