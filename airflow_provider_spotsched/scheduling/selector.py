@@ -39,20 +39,19 @@ DEFAULT_WARM_UP_ROUNDS = 4
 # A member that pays this share of the on-demand bill more than the round's best loses 1.
 DEFAULT_LOSS_SCALE = 0.1
 
-# The two axes along which the paper builds its pool. CHC spans the commitment level at both
-# ends (re-plan every slot, on a 12-slot window since one slot is all it keeps; commit to 8 of
-# 24) and the forecaster at the default commitment; the prediction-free policy spans its price
-# threshold and its safety margin. CHC members dominate the cost of a full-information round
-# (one replay each), so there are three of them.
+# The two axes along which the paper builds its pool. CHC spans the commitment level (re-plan
+# every slot, or commit to 4 of 24) and the forecaster; the prediction-free policy spans its
+# price threshold, its safety margin and how far above the cheapest offer it runs ahead of need.
+# CHC members dominate the cost of a full-information round (one replay each), so there are three.
 DEFAULT_POOL: tuple[dict[str, Any], ...] = (
-    {"policy": "chc", "params": {"window": 12, "commit": 1, "forecaster": "seasonal-naive"}},
-    {"policy": "chc", "params": {"window": 24, "commit": 8, "forecaster": "seasonal-naive"}},
+    {"policy": "chc", "params": {"window": 24, "commit": 1, "forecaster": "persistence"}},
     {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "persistence"}},
-    {"policy": "prediction-free", "params": {"price_threshold": 0.5, "safety_slots": 1.0}},
+    {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "seasonal-naive"}},
+    {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0}},
+    {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.0}},
+    {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.1}},
     {"policy": "prediction-free", "params": {"price_threshold": 0.7, "safety_slots": 1.0}},
-    {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 1.0}},
-    {"policy": "prediction-free", "params": {"price_threshold": 0.7, "safety_slots": 0.0}},
-    {"policy": "prediction-free", "params": {"price_threshold": 0.7, "safety_slots": 2.0}},
+    {"policy": "prediction-free", "params": {"price_threshold": 0.5, "safety_slots": 1.0, "spot_premium": 0.0}},
 )
 
 # Replays are pure functions of (member, job, market) and the same ones recur: a report that
