@@ -14,7 +14,7 @@ import argparse
 import time
 from dataclasses import replace
 from functools import partial
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import numpy as np
 
