@@ -35,18 +35,18 @@ from airflow_provider_spotsched.simulation.simulator import DEFAULT_LOOKBACK_HOU
 STATE_VERSION = 1
 ALGORITHMS = ("hedge", "exp3")
 CHOICES = ("sample", "leader")
-DEFAULT_WARM_UP_ROUNDS = 4
+DEFAULT_WARM_UP_ROUNDS = 16
+WARM_UP_WINDOWS_PER_HORIZON = 4
 # A member that pays this share of the on-demand bill more than the round's best loses 1.
-DEFAULT_LOSS_SCALE = 0.1
+DEFAULT_LOSS_SCALE = 0.02
 
 # The two axes along which the paper builds its pool. CHC spans the commitment level (re-plan
-# every slot, or commit to 4 of 24) and the forecaster; the prediction-free policy spans its
-# price threshold, its safety margin and how far above the cheapest offer it runs ahead of need.
-# CHC members dominate the cost of a full-information round (one replay each), so there are three.
+# every slot, or commit to 4 of 24); the prediction-free policy spans its price threshold, its
+# safety margin and how far above the cheapest offer it runs ahead of need. CHC members dominate
+# the cost of a full-information round (one replay each), so there are two.
 DEFAULT_POOL: tuple[dict[str, Any], ...] = (
     {"policy": "chc", "params": {"window": 24, "commit": 1, "forecaster": "persistence"}},
     {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "persistence"}},
-    {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "seasonal-naive"}},
     {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0}},
     {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.0}},
     {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.1}},
@@ -400,14 +400,16 @@ def normalised_loss(job: Job, utility: float, on_demand: float) -> float:
 def _warm_up_windows(past: SlotMarket, job: Job, rounds: int) -> list[tuple[Job, JobMarket]]:
     """Up to ``rounds`` past jobs shaped like ``job`` inside ``past``, oldest first.
 
-    Windows are ``job.horizon_slots`` long, end on a grid of that length counted from the epoch
-    (so jobs submitted close together share windows, and their replays), and carry up to the
-    simulator's default lookback of history for the members' forecasters.
+    Windows are ``job.horizon_slots`` long and overlap: they end every quarter of that length,
+    on a grid counted from the epoch (so jobs submitted close together share windows, and their
+    replays), which gives a few days of history enough rounds to tell the members apart. Each
+    carries up to the simulator's default lookback of history for the members' forecasters.
     """
     length = job.horizon_slots
+    stride = max(1, math.ceil(length / WARM_UP_WINDOWS_PER_HORIZON))
     slot_seconds = job.slot_hours * 3600.0
     base = math.floor(past.start.timestamp() / slot_seconds + 1e-9)
-    end = past.num_slots - (base + past.num_slots) % length
+    end = past.num_slots - (base + past.num_slots) % stride
     lookback = int(DEFAULT_LOOKBACK_HOURS // job.slot_hours)
     windows = []
     while len(windows) < rounds and end - length >= 0:
@@ -415,7 +417,7 @@ def _warm_up_windows(past: SlotMarket, job: Job, rounds: int) -> list[tuple[Job,
         history = min(start, lookback)
         window_job = replace(job, start=past.start + timedelta(hours=start * job.slot_hours))
         windows.append((window_job, JobMarket(past.window(start - history, history + length), history)))
-        end -= length
+        end -= stride
     return windows[::-1]
 
 
