@@ -12,27 +12,16 @@ Spot pools priced above on-demand are never used: they cost more for the same pr
 
 from __future__ import annotations
 
-from airflow_provider_spotsched.scheduling.model import Allocation, Job
-from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, on_demand_fallback, spot_fill, spot_only
+from airflow_provider_spotsched.scheduling.model import Allocation
+from airflow_provider_spotsched.scheduling.policies.safety_net import SafetyNetPolicy
+from airflow_provider_spotsched.scheduling.policy import Observation
+from airflow_provider_spotsched.scheduling.rules import spot_fill, spot_only
 
 
-class GreedyPolicy(Policy):
+class GreedyPolicy(SafetyNetPolicy):
     """Spot while the slack lasts, then N_max on-demand for good."""
 
     name = "greedy"
 
-    def __init__(self) -> None:
-        self._on_demand = False
-
-    def reset(self, job: Job) -> None:
-        self._on_demand = False
-
-    def decide(self, observation: Observation) -> Allocation:
-        job = observation.job
-        if not self._on_demand:
-            choice = spot_only(spot_fill(observation), job)
-            if is_deadline_safe(job, observation, choice):
-                return choice
-            self._on_demand = True
-        return on_demand_fallback(job, observation.past.num_pools)
+    def choose(self, observation: Observation) -> Allocation:
+        return spot_only(spot_fill(observation), observation.job)

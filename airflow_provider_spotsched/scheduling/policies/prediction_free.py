@@ -33,12 +33,11 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
-from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.policies.safety_net import SafetyNetPolicy
+from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.rules import (
     cheapest_allocation,
     fits,
-    is_deadline_safe,
-    on_demand_fallback,
     spot_fill,
     spot_only,
 )
@@ -59,22 +58,24 @@ def unit_price(observation: Observation, allocation: Allocation, overhead: float
     return hourly * job.slot_hours / ((job.slot_hours - overhead) * job.rate(allocation.total))
 
 
-class PredictionFreePolicy(Policy):
+class PredictionFreePolicy(SafetyNetPolicy):
     """Cheap spot, paced by the progress still needed, with an on-demand fallback."""
 
     name = "prediction-free"
 
-    def __init__(self, price_threshold: float = 0.7, safety_slots: float = 1.0, spot_premium: float | None = None) -> None:
+    def __init__(
+        self, price_threshold: float = 0.7, safety_slots: float = 1.0, spot_premium: float | None = None
+    ) -> None:
         if not price_threshold > 0:
             raise ValueError(f"price_threshold must be > 0 (a share of the on-demand price), got {price_threshold}")
         if not safety_slots >= 0:
             raise ValueError(f"safety_slots must be >= 0 (slots kept in reserve), got {safety_slots}")
         if spot_premium is not None and not spot_premium >= 0:
             raise ValueError(f"spot_premium must be >= 0 (a share above the cheapest spot price) or null, got {spot_premium}")
+        super().__init__()
         self.spot_premium = None if spot_premium is None else float(spot_premium)
         self.price_threshold = float(price_threshold)
         self.safety_slots = float(safety_slots)
-        self._on_demand = False
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"price_threshold": self.price_threshold, "safety_slots": self.safety_slots}
@@ -82,21 +83,12 @@ class PredictionFreePolicy(Policy):
             params["spot_premium"] = self.spot_premium
         return params
 
-    def reset(self, job: Job) -> None:
-        self._on_demand = False
+    def reserve_hours(self, job: Job) -> float:
+        return self.safety_slots * job.slot_hours
 
-    def decide(self, observation: Observation) -> Allocation:
-        job = observation.job
-        reserve = self.safety_slots * job.slot_hours
-        if not self._on_demand:
-            choice = self._choose(observation, reserve)
-            if is_deadline_safe(job, observation, choice, margin_hours=reserve):
-                return choice
-            self._on_demand = True
-        return on_demand_fallback(job, observation.past.num_pools)
-
-    def _choose(self, observation: Observation, reserve: float) -> Allocation:
+    def choose(self, observation: Observation) -> Allocation:
         job, remaining = observation.job, observation.remaining_work
+        reserve = self.reserve_hours(job)
         cap = self.price_threshold * observation.on_demand_price
         spot = spot_fill(observation, self._voluntary_cap(observation, cap))
         # Hours of compute left before the reserve, counting one reconfiguration.

@@ -20,11 +20,10 @@ Pausing (the idle state) happens when there is no spot to use and the job is on 
 from __future__ import annotations
 
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
-from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.policies.safety_net import SafetyNetPolicy
+from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.rules import (
     fits,
-    is_deadline_safe,
-    on_demand_fallback,
     slot_progress,
     spot_fill,
     spot_only,
@@ -49,27 +48,12 @@ def catch_up(observation: Observation, spot: Allocation, target: float) -> Alloc
     return Allocation(spot.spot, job.max_instances - spot.total)
 
 
-class UniformProgressPolicy(Policy):
+class UniformProgressPolicy(SafetyNetPolicy):
     """Spot whenever available; just enough on-demand to stay on the line L*t/d."""
 
     name = "uniform-progress"
 
-    def __init__(self) -> None:
-        self._on_demand = False
-
-    def reset(self, job: Job) -> None:
-        self._on_demand = False
-
-    def decide(self, observation: Observation) -> Allocation:
-        job = observation.job
-        if not self._on_demand:
-            choice = self._choose(observation)
-            if is_deadline_safe(job, observation, choice):
-                return choice
-            self._on_demand = True
-        return on_demand_fallback(job, observation.past.num_pools)
-
-    def _choose(self, observation: Observation) -> Allocation:
+    def choose(self, observation: Observation) -> Allocation:
         job, previous = observation.job, observation.previous
         slot_end = expected_progress(job, observation.hours + job.slot_hours)
         hysteresis = expected_progress(job, observation.hours + 2 * job.reconfig_overhead_hours)

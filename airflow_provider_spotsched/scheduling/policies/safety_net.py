@@ -1,0 +1,41 @@
+"""The safety net the online baselines share (Can't Be Late's Safety Net Rule).
+
+A policy's own choice stands while it is deadline-safe; after the first choice that is not, the
+job runs N_max on-demand instances until completion. Once on that fallback, switching back to
+spot would cost a reconfiguration the remaining slack can no longer pay for.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from airflow_provider_spotsched.scheduling.model import Allocation, Job
+from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, on_demand_fallback
+
+
+class SafetyNetPolicy(Policy):
+    """Runs :meth:`choose` while it is deadline-safe, then N_max on-demand for good."""
+
+    def __init__(self) -> None:
+        self._on_demand = False
+
+    def reset(self, job: Job) -> None:
+        self._on_demand = False
+
+    def decide(self, observation: Observation) -> Allocation:
+        job = observation.job
+        if not self._on_demand:
+            choice = self.choose(observation)
+            if is_deadline_safe(job, observation, choice, margin_hours=self.reserve_hours(job)):
+                return choice
+            self._on_demand = True
+        return on_demand_fallback(job, observation.past.num_pools)
+
+    @abstractmethod
+    def choose(self, observation: Observation) -> Allocation:
+        """The policy's own allocation for this slot, before the safety net."""
+
+    def reserve_hours(self, job: Job) -> float:
+        """Slack kept in reserve beyond what the fallback needs (none by default)."""
+        return 0.0
