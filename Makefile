@@ -26,11 +26,16 @@ test: $(INSTALLED)
 evaluate: $(INSTALLED)
 	$(BIN)/spotsched evaluate --out docs/evaluation
 
+# A few minutes of each benchmark; docs/benchmarks.md gives the full-length commands.
 bench: $(INSTALLED)
-	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	$(BIN)/python benchmarks/bench_planner.py --starts 5 --milp-limit 0
+	$(BIN)/python benchmarks/bench_ip.py --starts 3 --limit 30
+	$(BIN)/python benchmarks/bench_evaluation.py --scenarios 2 --nmax 1 4 8
 
+# Re-pin the tested versions after a dependency change (torch stays the CPU build).
 constraints: $(INSTALLED)
-	$(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.tmp && mv constraints.tmp constraints.txt
+	{ sed -n '/^#/p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > constraints.tmp
+	mv constraints.tmp constraints.txt
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis
