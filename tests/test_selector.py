@@ -12,12 +12,12 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import Allocation
 from airflow_provider_spotsched.scheduling.policies import POLICIES, make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import (
     ExponentialWeights,
     SelectorPolicy,
     SelectorStateError,
     normalised_loss,
-    on_demand_cost,
     shortfall_losses,
 )
 from airflow_provider_spotsched.simulation.simulator import JobMarket, simulate

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
+from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, evaluate
 from airflow_provider_spotsched.scheduling.policy import Observation
 
 
@@ -84,6 +84,13 @@ def slot_progress(job: Job, allocation: Allocation, previous: Allocation) -> flo
 def on_demand_fallback(job: Job, num_pools: int) -> Allocation:
     """The allocation that always meets a feasible deadline: N_max on-demand instances."""
     return Allocation((0,) * num_pools, job.max_instances)
+
+
+def on_demand_cost(job: Job, on_demand_price: float) -> float:
+    """What the spec's ``on-demand`` reference pays for ``job``: the fallback from slot 0 to completion."""
+    fallback = on_demand_fallback(job, 1)
+    prices = np.zeros((job.horizon_slots, 1))
+    return evaluate(job, [fallback] * job.horizon_slots, prices, on_demand_price).cost
 
 
 def is_deadline_safe(job: Job, observation: Observation, allocation: Allocation, margin_hours: float = 0.0) -> bool:

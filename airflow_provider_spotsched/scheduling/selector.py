@@ -26,10 +26,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from airflow_provider_spotsched.market.slots import SlotMarket
-from airflow_provider_spotsched.scheduling.model import Allocation, Job, evaluate
+from airflow_provider_spotsched.scheduling.model import Allocation, Job
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.scheduling.rules import on_demand_fallback
+from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.simulation.simulator import DEFAULT_LOOKBACK_HOURS, JobMarket, simulate
 
 STATE_VERSION = 1
@@ -362,13 +362,6 @@ class SelectorPolicy(Policy):
         selector.learner.draws = state["draws"]
         selector.current = _read_current(state["current"], selector.labels)
         return selector
-
-
-def on_demand_cost(job: Job, on_demand_price: float) -> float:
-    """What the ``on-demand`` reference pays for ``job``: N_max on demand from slot 0."""
-    fallback = on_demand_fallback(job, 1)
-    prices = np.zeros((job.horizon_slots, 1))
-    return evaluate(job, [fallback] * job.horizon_slots, prices, on_demand_price).cost
 
 
 def shortfall_losses(utilities: Mapping[str, float], scale: float) -> dict[str, float]:

@@ -29,6 +29,7 @@ from airflow_provider_spotsched.market.trace import Trace, load_trace
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Policy
+from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.simulation.simulator import JobMarket, SimulationResult, job_market, simulate
 
 ORACLE_ERRORS = (0.0, 0.1, 0.25, 0.5)
@@ -179,8 +180,7 @@ def scenario_job(config: GridConfig, trace: Trace, scenario: Scenario) -> tuple[
     """The scenario's job and market; its value is ``value_factor`` x its on-demand cost."""
     draft = replace(template_job(config, scenario.n_max, scenario.slack, scenario.overhead), start=scenario.start)
     market = job_market(trace, draft, lookback_hours=scenario.lookback_hours)
-    on_demand_cost = scenario.n_max * market.market.on_demand_price * (config.base_hours + scenario.overhead)
-    job = replace(draft, value=config.value_factor * on_demand_cost)
+    job = replace(draft, value=config.value_factor * on_demand_cost(draft, market.market.on_demand_price))
     job.check_feasible()
     return job, market
 
