@@ -17,14 +17,35 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 
 @dataclass(frozen=True)
 class Forecast:
-    """Predicted ``spot_price[h, M]`` and expected ``available[h, M]`` for slots now+1 .. now+h."""
+    """What a forecaster predicts for slots now+1 .. now+h of every pool.
+
+    ``spot_price[h, M]`` and ``available[h, M]`` are the point forecasts (the expected count for
+    availability). The optional parts carry uncertainty: ``*_interval`` is a (lower, upper) pair of
+    ``[h, M]`` arrays (an 80% interval), and ``available_distribution[h, M, C + 1]`` is the
+    probability of each count 0..C. ``models`` names the model behind each pool's forecast.
+    """
 
     spot_price: np.ndarray
     available: np.ndarray
+    spot_price_interval: tuple[np.ndarray, np.ndarray] | None = None
+    available_interval: tuple[np.ndarray, np.ndarray] | None = None
+    available_distribution: np.ndarray | None = None
+    models: tuple[str, ...] = ()
 
     @property
     def horizon(self) -> int:
         return int(self.spot_price.shape[0])
+
+    def p_available_at_least(self, n: int) -> np.ndarray:
+        """``[h, M]`` probability that at least ``n`` instances are obtainable in each slot.
+
+        Without a distribution the point forecast is taken as certain (1 where it reaches ``n``).
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0 instances, got {n}")
+        if self.available_distribution is None:
+            return (self.available >= n).astype(float)
+        return self.available_distribution[:, :, n:].sum(axis=2).clip(0.0, 1.0)
 
 
 def check_request(past: SlotMarket, horizon: int) -> None:

@@ -1,0 +1,1 @@
+"""Compute backends: local processes, EC2 and Compute Engine behind one interface."""

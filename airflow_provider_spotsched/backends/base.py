@@ -1,0 +1,173 @@
+"""The one interface every compute backend answers: bring the running instances to a target mix.
+
+The scheduler decides *how many* spot instances per pool and on-demand instances the job should
+run on (an :class:`~airflow_provider_spotsched.scheduling.model.Allocation`); a backend makes that
+true on some infrastructure (local processes, EC2, Compute Engine). Every instance carries the
+job's id (a tag or label), so that a retried or restarted caller re-attaches to what is running
+instead of launching twice, and ``release`` can find everything the job ever started.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Mapping
+
+from airflow_provider_spotsched.scheduling.model import Allocation
+
+ON_DEMAND = "on-demand"
+"""The pool name of on-demand instances in :class:`InstanceStatus` (spot pools keep their name)."""
+
+
+class InstanceState(str, enum.Enum):
+    """Where one instance of the job stands."""
+
+    PENDING = "pending"  # asked for, not yet training
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # taken back by the provider (spot interruption)
+    FINISHED = "finished"  # the training command exited 0: the job's work is done
+    FAILED = "failed"  # the training command or the instance failed
+    RELEASED = "released"  # ended by us (scale-down or release)
+
+
+class BackendError(RuntimeError):
+    """A backend could not do what was asked; the message says what and how to fix it."""
+
+
+class InsufficientCapacityError(BackendError):
+    """The provider had fewer instances than asked for in ``pool``; the outcome is recorded."""
+
+    def __init__(self, pool: str, requested: int, launched: int, detail: str = "") -> None:
+        super().__init__(
+            f"pool {pool!r}: asked for {requested} instance(s), got {launched}"
+            + (f" ({detail})" if detail else "")
+        )
+        self.pool, self.requested, self.launched = pool, requested, launched
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    """One launch request and what came of it: the availability signal a market source reads.
+
+    ``launched < requested`` with ``reason`` (for example ``InsufficientInstanceCapacity``) says
+    the pool had less capacity than asked at ``time`` (UTC).
+    """
+
+    time: datetime
+    pool: str
+    requested: int
+    launched: int
+    reason: str = ""
+
+
+LaunchRecorder = Callable[[LaunchOutcome], None]
+"""Called by a backend after every launch request (to keep outcomes for availability forecasts)."""
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """What every instance of one job runs, and the id that ties the instances to the job.
+
+    ``job_id`` must be stable across retries of the same job (the operator derives it from the
+    DAG, task and run ids); ``command`` is the training entry point with its arguments;
+    ``checkpoint_uri`` is where the runtime saves and resumes (local path, s3:// or gs://).
+    ``pools`` names the spot pools in the order of :attr:`Allocation.spot`.
+    """
+
+    job_id: str
+    command: tuple[str, ...]
+    checkpoint_uri: str
+    pools: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.job_id or not all(c.isalnum() or c in "-_." for c in self.job_id):
+            raise ValueError(
+                f"job_id {self.job_id!r} must be non-empty and use only letters, digits, '-', '_' and '.'"
+                " (it becomes a cloud tag or label)"
+            )
+        if not self.command:
+            raise ValueError("command is empty: give the training entry point and its arguments")
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    """One instance of the job: its provider id, its pool (or :data:`ON_DEMAND`) and its state."""
+
+    instance_id: str
+    pool: str
+    state: InstanceState
+    detail: str = ""
+
+    @property
+    def spot(self) -> bool:
+        return self.pool != ON_DEMAND
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Every instance the backend knows for the job, with the counts the scheduler reasons in."""
+
+    job_id: str
+    instances: tuple[InstanceStatus, ...]
+
+    def count(self, state: InstanceState, pool: str | None = None) -> int:
+        return sum(1 for i in self.instances if i.state is state and (pool is None or i.pool == pool))
+
+    def active(self, pools: tuple[str, ...]) -> Allocation:
+        """The allocation now pending or running, in the order of ``pools``."""
+        live = (InstanceState.PENDING, InstanceState.RUNNING)
+        spot = tuple(sum(1 for i in self.instances if i.pool == p and i.state in live) for p in pools)
+        od = sum(1 for i in self.instances if i.pool == ON_DEMAND and i.state in live)
+        return Allocation(spot, od)
+
+    @property
+    def finished(self) -> bool:
+        return any(i.state is InstanceState.FINISHED for i in self.instances)
+
+    @property
+    def failed(self) -> bool:
+        return any(i.state is InstanceState.FAILED for i in self.instances)
+
+    @property
+    def preemptions(self) -> int:
+        return self.count(InstanceState.PREEMPTED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "instances": [
+                {"instance_id": i.instance_id, "pool": i.pool, "state": i.state.value, "detail": i.detail}
+                for i in self.instances
+            ],
+        }
+
+
+class ComputeBackend(ABC):
+    """Runs a :class:`TrainingJob` on a target mix of spot and on-demand instances.
+
+    All three calls are idempotent: ``reconcile`` with the allocation already in place launches
+    and ends nothing; ``release`` of a released job does nothing. None of them ever leaves an
+    instance running that no later call can find (the job id is on every instance).
+    """
+
+    name: str = "backend"
+
+    @abstractmethod
+    def reconcile(self, job: TrainingJob, target: Allocation) -> JobStatus:
+        """Launch or end instances until the job runs ``target``; return the status after.
+
+        Spot pools short of capacity launch what they can and record the shortfall (an
+        :class:`InsufficientCapacityError` is raised only when nothing at all could start).
+        A change of the instance count restarts training from the latest checkpoint.
+        """
+
+    @abstractmethod
+    def status(self, job: TrainingJob) -> JobStatus:
+        """Every instance carrying the job's id, with its state now."""
+
+    @abstractmethod
+    def release(self, job: TrainingJob) -> None:
+        """End every instance of the job; safe to call again, after a crash, or on a job never launched."""
