@@ -69,6 +69,10 @@ class Policy(ABC):
     def decide(self, observation: Observation) -> Allocation:
         """The allocation for the current slot; it must respect the spec's constraints."""
 
+    def planned(self) -> list[Allocation]:
+        """Allocations already committed for the slots after the current one (shown in run logs)."""
+        return []
+
     def params(self) -> dict[str, Any]:
         """The parameters that identify this policy (shown in reports)."""
         return {}

@@ -231,6 +231,9 @@ class SelectorPolicy(Policy):
             self._member_ready = True
         return member.decide(observation)
 
+    def planned(self) -> list[Allocation]:
+        return self.members[self.current[0]].planned() if self.current is not None else []
+
     # -- learning ------------------------------------------------------------------------
 
     @property

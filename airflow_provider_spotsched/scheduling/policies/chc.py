@@ -82,6 +82,9 @@ class CHCPolicy(Policy):
     def reset(self, job: Job) -> None:
         self._committed = []
 
+    def planned(self) -> list[Allocation]:
+        return list(self._committed)
+
     def reveal(self, market: SlotMarket) -> None:
         """Forward the realised market to a forecaster that needs it (the oracle)."""
         self.forecaster.reveal(market)

@@ -1,0 +1,453 @@
+"""A policy driven one real slot at a time, with a state that survives the caller's restarts.
+
+The simulator owns the whole market up front; a real run sees one slot's market at each slot
+boundary, measures progress instead of modelling it, and is driven by a caller that may stop
+between slots (an Airflow operator defers and resumes in a new process). :class:`OnlineRun`
+keeps everything such a caller needs in one JSON document (:meth:`OnlineRun.to_state`):
+
+- the market seen so far (history before submission, then one row per slot boundary),
+- one :class:`SlotRecord` per decision: market, forecast, plan, decided and applied allocation,
+  measured work, cost so far (the decision log shown in the UI),
+- the selector's choice of member for this run, when the policy is the selector.
+
+A policy object is not serialised: a resumed run rebuilds it and replays the recorded
+observations (policies are deterministic functions of what they observed), so CHC's commitments
+and the selector's member carry over exactly.
+
+Billing follows the spec: a slot costs ``slot_hours`` x the hourly price of the allocation
+applied at its start, and the completion slot only up to the completion instant. Progress is
+what the training runtime reports, not ``H(n)``; ``H(n)`` remains the policies' planning model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from airflow_provider_spotsched.forecast import make_forecaster
+from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.market.trace import format_timestamp, parse_timestamp
+from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError
+from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.rules import on_demand_cost
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
+from airflow_provider_spotsched.simulation.simulator import JobMarket
+
+STATE_VERSION = 1
+LOG_FORECAST_SLOTS = 24
+
+
+class BudgetError(JobError):
+    """The budget cap cannot cover the job, or the next slot would exceed it."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a real run is: the job, its pools, the policy, a budget cap and the clock.
+
+    :param job_id: stable across retries of the same run (it tags every instance).
+    :param policy: a registered policy name; ``"selector"`` learns across runs.
+    :param forecaster: the model whose forecast is logged each slot (the policy uses its own).
+    :param budget: USD cap on the run's cost, or ``None``.
+    :param seconds_per_slot: wall-clock seconds per slot (``slot_hours`` x 3600 for a real
+        market; a few seconds when a trace is replayed on an accelerated clock).
+    """
+
+    job_id: str
+    job: Job
+    pools: tuple[str, ...]
+    policy: str = "selector"
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    forecaster: str = "persistence"
+    budget: float | None = None
+    seconds_per_slot: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise JobError("pools is empty: name at least one spot pool (zone or availability zone)")
+        if self.budget is not None and not (isinstance(self.budget, (int, float)) and self.budget > 0):
+            raise BudgetError(f"budget must be a number of USD > 0 or None, got {self.budget!r}")
+        if self.seconds_per_slot is not None and not self.seconds_per_slot > 0:
+            raise JobError(f"seconds_per_slot must be > 0, got {self.seconds_per_slot!r}")
+
+    @property
+    def wall_seconds_per_slot(self) -> float:
+        return self.seconds_per_slot or self.job.slot_hours * 3600.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["job"] = self.job.to_dict()
+        data["pools"] = list(self.pools)
+        data["policy_params"] = dict(self.policy_params)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
+        fields = dict(data)
+        fields["job"] = Job.from_dict(fields["job"])
+        fields["pools"] = tuple(fields["pools"])
+        return cls(**fields)
+
+
+def _allocation_dict(allocation: Allocation, pools: Sequence[str]) -> dict[str, Any]:
+    return {"spot": {p: n for p, n in zip(pools, allocation.spot) if n}, "on_demand": allocation.on_demand}
+
+
+def _allocation_from(data: Mapping[str, Any], pools: Sequence[str]) -> Allocation:
+    spot = data.get("spot", {})
+    return Allocation(tuple(int(spot.get(p, 0)) for p in pools), int(data.get("on_demand", 0)))
+
+
+@dataclass
+class SlotRecord:
+    """One decision: the entry of the run's decision log (JSON-ready)."""
+
+    slot: int
+    time: str
+    market_time: str
+    market: dict[str, dict[str, float]]
+    on_demand_price: float
+    forecast: dict[str, dict[str, list[float]]] | None
+    plan: list[dict[str, Any]] | None
+    allocation: dict[str, Any]
+    applied: dict[str, Any] | None
+    work_done: float
+    work_total: float
+    cost_so_far: float
+    on_demand_cost_so_far: float
+    preemptions: int
+
+
+class OnlineRun:
+    """Decide, record, bill: one slot at a time (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        market: SlotMarket,
+        history_slots: int,
+        started: datetime,
+        records: list[SlotRecord] | None = None,
+        member: Mapping[str, Any] | None = None,
+        selector_start: Mapping[str, Any] | None = None,
+        cost: float = 0.0,
+        completion_hours: float | None = None,
+    ) -> None:
+        self.config, self.market, self.history_slots, self.started = config, market, history_slots, started
+        self.records = records or []
+        self.member = dict(member) if member else None
+        self.selector_start = dict(selector_start) if selector_start else None
+        self.cost = cost
+        self.completion_hours = completion_hours
+        self._policy: Policy | None = None
+        self._decided = 0  # decisions the live policy object has seen
+
+    # -- starting -------------------------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        config: RunConfig,
+        history: SlotMarket,
+        now: datetime,
+        selector_state: Mapping[str, Any] | None = None,
+    ) -> "OnlineRun":
+        """Check the job against the market and the budget; ``history`` ends with slot 0's state.
+
+        Raises a :class:`JobError` (or :class:`BudgetError`) naming the field to fix, before
+        anything is launched.
+        """
+        job = config.job
+        job.check_feasible()
+        if getattr(run_policy := make_policy(config.policy, config.policy_params), "uses_future", False):
+            raise JobError(
+                f"policy={run_policy.label} needs the future market: it is a reference for simulations; "
+                "choose selector, chc, prediction-free, uniform-progress, greedy or on-demand"
+            )
+        missing = [p for p in config.pools if p not in history.pools]
+        if missing:
+            raise JobError(f"unknown pool(s) {missing}; the market offers {list(history.pools)}")
+        history = _select(history, config.pools)
+        _check_budget(config, history)
+        run = cls(config, history, history.num_slots - 1, now)
+        if config.policy == "selector":
+            selector = SelectorPolicy.from_state(selector_state) if selector_state else SelectorPolicy(**config.policy_params)
+            selector.decide(run._observation(0))  # warm-up on history, then the draw of this run's member
+            index, probability = selector.current
+            run.member = {**selector.pool[index], "label": selector.labels[index], "probability": probability}
+            selector.current = None
+            run.selector_start = selector.to_state()
+        return run
+
+    # -- the slot loop --------------------------------------------------------------------
+
+    @property
+    def slot(self) -> int:
+        """The current slot: the last market row, counted from submission."""
+        return self.market.num_slots - 1 - self.history_slots
+
+    @property
+    def work_done(self) -> float:
+        return self.records[-1].work_done if self.records else 0.0
+
+    @property
+    def preemptions(self) -> int:
+        return self.records[-1].preemptions if self.records else 0
+
+    @property
+    def policy_label(self) -> str:
+        return self.member["label"] if self.member else self.policy().label
+
+    def policy(self) -> Policy:
+        """The policy playing this run: the selector's member, or the configured policy."""
+        if self._policy is None:
+            entry = self.member or {"policy": self.config.policy, "params": dict(self.config.policy_params)}
+            self._policy = make_policy(entry["policy"], entry["params"])
+            self._policy.reset(self.config.job)
+            self._decided = 0
+        return self._policy
+
+    def decide(self, work_done: float, now: datetime, preemptions: int = 0) -> SlotRecord:
+        """This slot's allocation from the market row just observed and the measured work."""
+        if self.completion_hours is not None:
+            raise ValueError("the run has completed; nothing is decided after completion")
+        if self.records and self.records[-1].slot == self.slot:
+            raise ValueError(f"slot {self.slot} is already decided; observe the next slot first")
+        job, pools = self.config.job, self.config.pools
+        policy = self.policy()
+        for record in self.records[self._decided :]:  # a resumed run replays what it observed
+            policy.decide(self._observation(record.slot))
+            self._decided += 1
+        observation = self._observation(self.slot, work_done)
+        allocation = policy.decide(observation)
+        allocation.check(job, self.market.available[-1])
+        self._decided += 1
+        hourly = _hourly(allocation, self.market.spot_price[-1], self.market.on_demand_price)
+        if self.config.budget is not None and self.cost + hourly * job.slot_hours > self.config.budget + 1e-9:
+            raise BudgetError(
+                f"slot {self.slot} would bring the cost to {self.cost + hourly * job.slot_hours:.2f} USD, over "
+                f"budget={self.config.budget:g}; raise the budget or extend deadline_hours"
+            )
+        record = SlotRecord(
+            slot=self.slot,
+            time=format_timestamp(now),
+            market_time=format_timestamp(self.market.start + timedelta(hours=(self.market.num_slots - 1) * job.slot_hours)),
+            market={
+                p: {"spot_price": float(self.market.spot_price[-1, m]), "available": int(self.market.available[-1, m])}
+                for m, p in enumerate(pools)
+            },
+            on_demand_price=float(self.market.on_demand_price),
+            forecast=self._forecast(),
+            plan=[_allocation_dict(a, pools) for a in policy.planned()] or None,
+            allocation=_allocation_dict(allocation, pools),
+            applied=None,
+            work_done=float(work_done),
+            work_total=float(job.work),
+            cost_so_far=self.cost,
+            on_demand_cost_so_far=self._on_demand_cost_until(self.slot),
+            preemptions=int(preemptions),
+        )
+        if record.plan is not None:
+            record.plan.insert(0, record.allocation)
+        self.records.append(record)
+        return record
+
+    def applied(self, allocation: Allocation) -> None:
+        """What the backend actually runs for the current slot (after reconcile); it is billed."""
+        if not self.records or self.records[-1].slot != self.slot:
+            raise ValueError("decide the current slot before recording what was applied")
+        self.records[-1].applied = _allocation_dict(allocation, self.config.pools)
+
+    def observe(self, spot_price: Sequence[float], available: Sequence[int]) -> None:
+        """The next slot boundary: bill the slot just ended and add the new market row."""
+        self.cost += self._slot_bill(self.config.job.slot_hours)
+        self.market = SlotMarket(
+            pools=self.market.pools,
+            start=self.market.start,
+            slot_hours=self.market.slot_hours,
+            spot_price=np.vstack([self.market.spot_price, np.asarray(spot_price, float)[None, :]]),
+            available=np.vstack([self.market.available, np.asarray(available, int)[None, :]]),
+            on_demand_price=self.market.on_demand_price,
+        )
+
+    def complete(self, completion_hours: float) -> None:
+        """The job finished at ``completion_hours`` after submission, inside the current slot."""
+        slot_start = self.slot * self.config.job.slot_hours
+        if not slot_start - 1e-9 <= completion_hours <= slot_start + self.config.job.slot_hours + 1e-9:
+            raise ValueError(f"completion at {completion_hours:.4g} h lies outside slot {self.slot}")
+        self.cost += self._slot_bill(max(completion_hours - slot_start, 0.0))
+        self.completion_hours = completion_hours
+
+    def hours_at(self, now: datetime) -> float:
+        """Hours after submission on the market's clock at wall-clock ``now``."""
+        elapsed = (now - self.started).total_seconds()
+        return elapsed / self.config.wall_seconds_per_slot * self.config.job.slot_hours
+
+    # -- the result -----------------------------------------------------------------------
+
+    def result(self) -> dict[str, Any]:
+        """The run's result: the operator's return value."""
+        job = self.config.job
+        reference = on_demand_cost(job, self.market.on_demand_price)
+        value = job.value_at(self.completion_hours)
+        return {
+            "job_id": self.config.job_id,
+            "policy": self.policy_label,
+            "cost": self.cost,
+            "on_demand_cost": reference,
+            "savings": reference - self.cost,
+            "savings_fraction": (reference - self.cost) / reference if reference else 0.0,
+            "completion_hours": self.completion_hours,
+            "deadline_hours": job.deadline_hours,
+            "deadline_met": self.completion_hours is not None and self.completion_hours <= job.deadline_hours + 1e-9,
+            "preemptions": self.preemptions,
+            "value": value,
+            "utility": value - self.cost,
+            "slots": len(self.records),
+        }
+
+    def realised_market(self) -> JobMarket:
+        """History and the slots seen, padded to the job's horizon by persistence (for replays)."""
+        need = self.history_slots + self.config.job.horizon_slots - self.market.num_slots
+        pad = max(need, 0)
+        return JobMarket(
+            SlotMarket(
+                pools=self.market.pools,
+                start=self.market.start,
+                slot_hours=self.market.slot_hours,
+                spot_price=np.vstack([self.market.spot_price] + [self.market.spot_price[-1:]] * pad),
+                available=np.vstack([self.market.available] + [self.market.available[-1:]] * pad),
+                on_demand_price=self.market.on_demand_price,
+            ),
+            self.history_slots,
+        )
+
+    def decision_log(self) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.records]
+
+    # -- state ----------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything needed to resume in another process (JSON-serialisable)."""
+        return {
+            "version": STATE_VERSION,
+            "config": self.config.to_dict(),
+            "market": {
+                "pools": list(self.market.pools),
+                "start": format_timestamp(self.market.start),
+                "slot_hours": self.market.slot_hours,
+                "on_demand_price": self.market.on_demand_price,
+                "spot_price": self.market.spot_price.tolist(),
+                "available": self.market.available.astype(int).tolist(),
+            },
+            "history_slots": self.history_slots,
+            "started": self.started.isoformat(),
+            "records": self.decision_log(),
+            "member": self.member,
+            "selector_start": self.selector_start,
+            "cost": self.cost,
+            "completion_hours": self.completion_hours,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> "OnlineRun":
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"run state must be a version-{STATE_VERSION} document from OnlineRun.to_state()")
+        m = state["market"]
+        market = SlotMarket(
+            pools=tuple(m["pools"]),
+            start=parse_timestamp(m["start"]),
+            slot_hours=float(m["slot_hours"]),
+            spot_price=np.asarray(m["spot_price"], float).reshape(-1, len(m["pools"])),
+            available=np.asarray(m["available"], int).reshape(-1, len(m["pools"])),
+            on_demand_price=float(m["on_demand_price"]),
+        )
+        return cls(
+            RunConfig.from_dict(state["config"]),
+            market,
+            int(state["history_slots"]),
+            datetime.fromisoformat(state["started"]),
+            [SlotRecord(**r) for r in state["records"]],
+            state.get("member"),
+            state.get("selector_start"),
+            float(state["cost"]),
+            state.get("completion_hours"),
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _observation(self, slot: int, work_done: float | None = None) -> Observation:
+        """What the policy knew at ``slot``: recorded for past slots, ``work_done`` for this one."""
+        row = self.history_slots + slot
+        if slot < len(self.records) and self.records[slot].slot == slot:
+            record = self.records[slot]
+            work, cost = record.work_done, record.cost_so_far
+        else:
+            work, cost = (work_done or 0.0), self.cost
+        previous = Allocation.idle(len(self.config.pools))
+        if slot > 0 and self.records[slot - 1].applied is not None:
+            previous = _allocation_from(self.records[slot - 1].applied, self.config.pools)
+        return Observation(
+            job=self.config.job,
+            slot=slot,
+            past=self.market.prefix(row + 1),
+            past_offset=self.history_slots,
+            work_done=work,
+            cost_so_far=cost,
+            previous=previous,
+        )
+
+    def _slot_bill(self, hours: float) -> float:
+        record = self.records[-1] if self.records else None
+        if record is None or record.applied is None or record.slot != self.slot:
+            return 0.0
+        applied = _allocation_from(record.applied, self.config.pools)
+        return hours * _hourly(applied, self.market.spot_price[-1], self.market.on_demand_price)
+
+    def _on_demand_cost_until(self, slot: int) -> float:
+        """What N_max on-demand instances from slot 0 would have cost by the start of ``slot``."""
+        job = self.config.job
+        reference = on_demand_cost(job, self.market.on_demand_price)
+        return min(reference, slot * job.slot_hours * job.max_instances * self.market.on_demand_price)
+
+    def _forecast(self) -> dict[str, dict[str, list[float]]] | None:
+        remaining = self.config.job.horizon_slots - self.slot - 1
+        if remaining < 1:
+            return None
+        forecaster = make_forecaster(self.config.forecaster)
+        forecast = forecaster.forecast(self.market, min(LOG_FORECAST_SLOTS, remaining))
+        return {
+            p: {"spot_price": forecast.spot_price[:, m].tolist(), "available": forecast.available[:, m].tolist()}
+            for m, p in enumerate(self.config.pools)
+        }
+
+
+def _hourly(allocation: Allocation, spot_prices: Sequence[float], on_demand_price: float) -> float:
+    return float(np.dot(allocation.spot, spot_prices)) + allocation.on_demand * on_demand_price
+
+
+def _select(market: SlotMarket, pools: Sequence[str]) -> SlotMarket:
+    index = [market.pools.index(p) for p in pools]
+    return replace(market, pools=tuple(pools), spot_price=market.spot_price[:, index], available=market.available[:, index])
+
+
+def _check_budget(config: RunConfig, history: SlotMarket) -> None:
+    """Refuse a budget below the cheapest conceivable run: all work on spot at today's lowest price."""
+    if config.budget is None:
+        return
+    job = config.job
+    cheapest_price = float(min(history.spot_price[-1].min(), history.on_demand_price))
+    least = min(
+        n * job.work / job.rate(n) for n in range(job.min_instances, job.max_instances + 1) if job.rate(n) > 0
+    ) * cheapest_price
+    if config.budget + 1e-9 < least:
+        raise BudgetError(
+            f"budget={config.budget:g} USD cannot cover the job: even at the lowest spot price now "
+            f"({cheapest_price:.4g} USD/h) its work costs at least {least:.2f} USD; raise the budget to "
+            f">= {math.ceil(least * 100) / 100:.2f}"
+        )

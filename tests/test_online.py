@@ -1,0 +1,205 @@
+"""The online run: slot-by-slot driving, resuming from JSON state, billing, budget, selector rounds."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from airflow_provider_spotsched.market.slots import resample
+from airflow_provider_spotsched.scheduling.model import Allocation, JobError, Progress, Throughput, advance
+from airflow_provider_spotsched.scheduling.online import BudgetError, OnlineRun, RunConfig
+from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
+from airflow_provider_spotsched.scheduling.selector_store import (
+    SelectorStoreError,
+    close_round,
+    selector_state,
+    store_round,
+)
+from airflow_provider_spotsched.simulation.simulator import JobMarket, simulate
+from tests.markets import make_job
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+HISTORY = 48
+
+
+@pytest.fixture(scope="module")
+def gcp_market(gcp_trace):
+    first = datetime.fromtimestamp(gcp_trace.first_time, timezone.utc)
+    return resample(gcp_trace, first, 1.0, HISTORY + 40, ["us-central1-a", "us-east5-a", "europe-west1-c"])
+
+
+def gcp_job(**overrides):
+    fields = dict(
+        work=60.0,
+        deadline_hours=16.0,
+        max_instances=4,
+        throughput=Throughput(1.0, 0.0),
+        value=400.0,
+        hard_deadline_factor=1.5,
+        reconfig_overhead_hours=0.25,
+    )
+    fields.update(overrides)
+    return make_job(**fields)
+
+
+def drive(run: OnlineRun, market, round_trip: bool) -> OnlineRun:
+    """Run to completion with modelled progress: the simulator's world, one slot at a time."""
+    job = run.config.job
+    progress = Progress()
+    while True:
+        if round_trip:
+            run = OnlineRun.from_state(json.loads(json.dumps(run.to_state())))
+        record = run.decide(progress.work_done, NOW + timedelta(hours=run.slot))
+        applied = Allocation(tuple(record.allocation["spot"].get(p, 0) for p in run.config.pools), record.allocation["on_demand"])
+        run.applied(applied)
+        row = HISTORY + run.slot
+        step = advance(job, progress, applied, market.spot_price[row], market.on_demand_price)
+        if step.completion_hours is not None:
+            run.complete(step.completion_hours)
+            return run
+        run.observe(market.spot_price[row + 1], market.available[row + 1])
+
+
+@pytest.mark.parametrize("policy", ["uniform-progress", "prediction-free", "chc"])
+@pytest.mark.parametrize("round_trip", [False, True])
+def test_driving_slot_by_slot_reproduces_the_simulator(gcp_market, policy, round_trip):
+    job = gcp_job()
+    config = RunConfig("run-1", job, gcp_market.pools, policy=policy, forecaster="persistence")
+    run = OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW)
+    run = drive(run, gcp_market, round_trip)
+    reference = simulate(make_policy(policy, {}), job, JobMarket(gcp_market, HISTORY))
+    result = run.result()
+    assert result["cost"] == pytest.approx(reference.outcome.cost, rel=1e-9)
+    assert result["completion_hours"] == pytest.approx(reference.outcome.completion_hours)
+    assert result["utility"] == pytest.approx(reference.outcome.utility, rel=1e-9)
+    decided = [r["allocation"] for r in run.decision_log()]
+    assert decided == [json.loads(json.dumps(s, default=int)) | {} for s in _slots(reference)]
+
+
+def _slots(reference):
+    return [{"spot": s["spot"], "on_demand": s["on_demand"]} for s in reference.to_dict()["slots"]]
+
+
+def test_decision_log_holds_market_forecast_and_costs(gcp_market):
+    config = RunConfig("run-2", gcp_job(), gcp_market.pools, policy="chc", forecaster="seasonal-naive")
+    run = drive(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, round_trip=False)
+    log = run.decision_log()
+    first = log[0]
+    assert set(first["market"]) == set(gcp_market.pools)
+    assert first["market"]["us-central1-a"]["spot_price"] == gcp_market.spot_price[HISTORY, 0]
+    assert len(first["forecast"]["us-east5-a"]["spot_price"]) == 23  # slots left before the hard deadline
+    assert first["plan"][0] == first["allocation"] and len(first["plan"]) >= 1
+    assert first["cost_so_far"] == 0.0 and log[-1]["cost_so_far"] <= run.cost
+    assert all(b["on_demand_cost_so_far"] >= a["on_demand_cost_so_far"] for a, b in zip(log, log[1:]))
+    assert json.loads(json.dumps(log)) == log
+    assert run.result()["savings"] == pytest.approx(run.result()["on_demand_cost"] - run.cost)
+
+
+def test_preempted_slot_is_billed_for_what_was_applied(gcp_market):
+    job = gcp_job()
+    run = OnlineRun.start(RunConfig("run-3", job, gcp_market.pools, policy="on-demand"), gcp_market.prefix(HISTORY + 1), NOW)
+    record = run.decide(0.0, NOW)
+    assert record.allocation == {"spot": {}, "on_demand": 4}
+    run.applied(Allocation((0, 0, 0), 3))  # one instance failed to start
+    run.observe(gcp_market.spot_price[HISTORY + 1], gcp_market.available[HISTORY + 1])
+    assert run.cost == pytest.approx(3 * gcp_market.on_demand_price)
+    run.decide(2.5, NOW + timedelta(hours=1), preemptions=0)
+    run.applied(Allocation((0, 0, 0), 4))
+    run.complete(1.5)
+    assert run.cost == pytest.approx(3 * gcp_market.on_demand_price + 0.5 * 4 * gcp_market.on_demand_price)
+
+
+def test_refusals_before_anything_is_launched(gcp_market):
+    history = gcp_market.prefix(HISTORY + 1)
+    with pytest.raises(JobError, match="infeasible"):
+        OnlineRun.start(RunConfig("r", gcp_job(work=1000.0), gcp_market.pools), history, NOW)
+    with pytest.raises(JobError, match=r"unknown pool\(s\) \['mars-1a'\]"):
+        OnlineRun.start(RunConfig("r", gcp_job(), ("mars-1a",)), history, NOW)
+    with pytest.raises(JobError, match="needs the future market"):
+        OnlineRun.start(RunConfig("r", gcp_job(), gcp_market.pools, policy="optimal"), history, NOW)
+    with pytest.raises(BudgetError, match="raise the budget to >="):
+        OnlineRun.start(RunConfig("r", gcp_job(), gcp_market.pools, budget=1.0), history, NOW)
+    with pytest.raises(BudgetError, match="budget must be"):
+        RunConfig("r", gcp_job(), gcp_market.pools, budget=-5)
+
+
+def test_budget_cap_stops_the_slot_that_would_exceed_it(gcp_market):
+    least = 60.0 * float(gcp_market.spot_price[HISTORY].min())
+    budget = least * 1.01  # covers the cheapest run, not four on-demand instances for long
+    config = RunConfig("r", gcp_job(), gcp_market.pools, policy="on-demand", budget=budget)
+    run = OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW)
+    hourly = 4 * gcp_market.on_demand_price
+    with pytest.raises(BudgetError, match="over budget"):
+        for row in range(HISTORY + 1, HISTORY + 40):
+            run.decide(0.0, NOW)
+            run.applied(Allocation((0, 0, 0), 4))
+            run.observe(gcp_market.spot_price[row], gcp_market.available[row])
+    assert run.cost <= budget and run.cost + hourly > budget
+
+
+def test_slot_cannot_be_decided_twice_or_after_completion(gcp_market):
+    run = OnlineRun.start(RunConfig("r", gcp_job(), gcp_market.pools, policy="greedy"), gcp_market.prefix(HISTORY + 1), NOW)
+    run.decide(0.0, NOW)
+    with pytest.raises(ValueError, match="already decided"):
+        run.decide(0.0, NOW)
+    run.applied(Allocation((1, 0, 0), 0))
+    run.complete(0.5)
+    with pytest.raises(ValueError, match="completed"):
+        run.decide(0.0, NOW)
+
+
+def test_hours_follow_the_accelerated_clock(gcp_market):
+    config = RunConfig("r", gcp_job(), gcp_market.pools, seconds_per_slot=5.0)
+    run = OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW)
+    assert run.hours_at(NOW + timedelta(seconds=12.5)) == pytest.approx(2.5)
+
+
+def test_selector_run_records_its_member_and_closes_one_round(gcp_market):
+    config = RunConfig("sel-1", gcp_job(), gcp_market.pools, policy="selector", policy_params={"warm_up_rounds": 2})
+    run = OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW)
+    assert run.member["label"] in SelectorPolicy(warm_up_rounds=2).labels
+    assert run.selector_start["rounds"] == 2
+    run = drive(run, gcp_market, round_trip=True)
+    assert run.result()["policy"] == run.member["label"]
+    document = close_round(None, run)
+    assert document["runs"] == ["sel-1"] and document["selector"]["rounds"] == 3
+    assert close_round(document, run) == document  # idempotent: a retried close learns once
+    assert SelectorPolicy.from_state(selector_state(document)).learner.rounds == 3
+
+
+def test_concurrent_rounds_both_survive(gcp_market):
+    runs = []
+    for job_id in ("a", "b"):
+        config = RunConfig(job_id, gcp_job(), gcp_market.pools, policy="selector", policy_params={"warm_up_rounds": 1})
+        runs.append(drive(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, round_trip=False))
+    stored: dict = {}
+    stale = close_round(None, runs[1])  # run b read the empty store before a wrote
+
+    writes = iter([stale])
+
+    def write(document):
+        stored["doc"] = document
+        stale_write = next(writes, None)  # b's stale write lands right after a's first write
+        if stale_write is not None:
+            stored["doc"] = stale_write
+
+    store_round(lambda: stored.get("doc"), write, runs[0], pause_seconds=0)
+    store_round(lambda: stored.get("doc"), lambda d: stored.update(doc=d), runs[1], pause_seconds=0)
+    assert sorted(stored["doc"]["runs"]) == ["a", "b"]
+    assert stored["doc"]["selector"]["rounds"] == 3  # one warm-up round, then a and b
+
+
+def test_store_gives_up_with_a_clear_error_when_every_write_is_lost(gcp_market):
+    config = RunConfig("c", gcp_job(), gcp_market.pools, policy="selector", policy_params={"warm_up_rounds": 1})
+    run = drive(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, round_trip=False)
+    with pytest.raises(SelectorStoreError, match="in 3 attempts"):
+        store_round(lambda: None, lambda d: None, run, attempts=3, pause_seconds=0)
+
+
+def test_round_for_a_non_selector_run_is_refused(gcp_market):
+    run = OnlineRun.start(RunConfig("d", gcp_job(), gcp_market.pools, policy="greedy"), gcp_market.prefix(HISTORY + 1), NOW)
+    with pytest.raises(SelectorStoreError, match="not played by the selector"):
+        close_round(None, run)
