@@ -52,6 +52,7 @@ DEFAULT_POOL: tuple[dict[str, Any], ...] = (
     {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.1}},
     {"policy": "prediction-free", "params": {"price_threshold": 0.7, "safety_slots": 1.0}},
     {"policy": "prediction-free", "params": {"price_threshold": 0.5, "safety_slots": 1.0, "spot_premium": 0.0}},
+    {"policy": "uniform-progress", "params": {}},
 )
 
 # Replays are pure functions of (member, job, market) and the same ones recur: a report that
