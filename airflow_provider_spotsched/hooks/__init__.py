@@ -1,0 +1,1 @@
+"""Hooks: build compute backends and market feeds from Airflow connections."""
