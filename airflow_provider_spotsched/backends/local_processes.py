@@ -1,0 +1,99 @@
+"""Finding and ending the local backend's processes, by pid and by the job marker they carry.
+
+Every supervisor and worker runs in a process group of its own (``start_new_session``) and has
+``SPOTSCHED_LOCAL_JOBDIR`` in its environment. A pid alone is not proof: after a crash it may
+have been recycled, so a process counts as ours only if its create time matches the record.
+A zombie (exited, not yet reaped by an init that does not reap) counts as gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from typing import Iterable
+
+import psutil
+
+JOBDIR_MARKER = "SPOTSCHED_LOCAL_JOBDIR"
+JOB_ID_MARKER = "SPOTSCHED_JOB_ID"
+
+
+def create_time(pid: int) -> float | None:
+    """The process's create time, the second half of its identity (None if it is gone)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def is_alive(pid: int | None, started: float | None) -> bool:
+    """Whether the process ``pid`` created at ``started`` still runs (zombies do not)."""
+    if pid is None or started is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def signal_group(pid: int, started: float | None, signum: int) -> None:
+    """Send ``signum`` to the process group led by ``pid``, if that process is still ours."""
+    if not is_alive(pid, started):
+        return
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        return
+    except PermissionError:
+        os.kill(pid, signum)
+
+
+def marked(jobdir: str) -> list[psutil.Process]:
+    """Every live process whose environment carries ``jobdir`` as its job marker."""
+    found = []
+    for process in psutil.process_iter():
+        if process.pid == os.getpid():
+            continue
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(JOBDIR_MARKER) == jobdir:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def end_all(processes: Iterable[psutil.Process], timeout_s: float) -> None:
+    """SIGTERM each process's group, wait up to ``timeout_s``, then SIGKILL what is left."""
+    processes = list(processes)
+    for process in processes:
+        try:
+            signal_group(process.pid, process.create_time(), signal.SIGTERM)
+        except psutil.Error:
+            continue
+    _, left = psutil.wait_procs(processes, timeout=timeout_s)
+    for process in left:
+        try:
+            signal_group(process.pid, process.create_time(), signal.SIGKILL)
+        except psutil.Error:
+            continue
+    psutil.wait_procs(left, timeout=5.0)
+
+
+def wait_gone(pid: int, started: float | None, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Wait until the process is gone; False if it still runs after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while is_alive(pid, started):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now: each worker generation rendezvouses on a fresh one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
