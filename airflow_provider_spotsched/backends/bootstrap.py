@@ -1,0 +1,150 @@
+"""The start-up script every cloud instance runs: wait for a rendezvous, run the training command.
+
+A cloud backend cannot know the master address when it launches an instance (the address exists
+only after launch), so the script does not start training at boot. It polls the instance's own
+metadata for the rendezvous the backend publishes once every instance of a generation has an
+address (EC2: instance tags through IMDSv2; Compute Engine: instance metadata attributes):
+
+``generation``, ``rank``, ``world-size``, ``master-addr``, ``master-port``.
+
+A new ``generation`` stops the running command with SIGTERM (the runtime saves an emergency
+checkpoint and exits 75) and starts it again with the new ``RANK``/``WORLD_SIZE``/``MASTER_*``,
+resuming from the latest checkpoint. When the command exits 0 the job is done: the script records
+``result=done`` on the instance (a tag or label, which the backend's ``status`` reads) and powers
+the instance off, so nothing keeps billing after success. Any other exit but 75 records
+``result=failed-<code>`` and powers off too. Exit 75 (preemption notice) waits for the next
+generation, which the backend publishes after replacing the lost capacity.
+
+``SPOTSCHED_LOG`` (default ``/var/log/spotsched-train.log``) and ``SPOTSCHED_POWEROFF`` (default
+``shutdown -h now``) in ``job.env`` change where the command's output goes and how the instance
+powers off; ``SPOTSCHED_METADATA_URL`` changes the metadata server (as for the runtime).
+
+The script carries no credential: the instance reaches its checkpoint store and reports its
+result with the identity the cloud gives it (an instance profile or a service account).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Literal, Mapping
+
+from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
+
+Provider = Literal["aws", "gcp"]
+
+RENDEZVOUS_KEYS = ("generation", "rank", "world-size", "master-addr", "master-port")
+"""The rendezvous fields, published per instance by the backend and read by the script."""
+
+EXIT_PREEMPTED = 75
+"""The runtime's exit code after an emergency checkpoint (EX_TEMPFAIL): resumable, not a failure."""
+
+MAX_SCRIPT_BYTES = 16 * 1024
+"""EC2 refuses user data above 16 KiB; Compute Engine allows more, one limit keeps both safe."""
+
+# Names and values that carry secrets; they must reach the instance through its cloud identity.
+_SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY)", re.I)
+_SECRET_VALUE = re.compile(r"(AKIA|ASIA)[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----|\"private_key\"")
+
+_AWS_FUNCTIONS = r"""
+IMDS=${SPOTSCHED_METADATA_URL:-http://169.254.169.254}
+imds() {
+  local token
+  token=$(curl -sf -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 300" "$IMDS/latest/api/token") || return 1
+  curl -sf -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/$1"
+}
+rendezvous() { imds "tags/instance/spotsched:$1"; }
+report() {
+  aws ec2 create-tags --region "$(imds placement/region)" --resources "$(imds instance-id)" \
+    --tags "Key=spotsched:result,Value=$1" || echo "spotsched: could not tag the result $1" >&2
+}
+"""
+
+_GCP_FUNCTIONS = r"""
+MD=${SPOTSCHED_METADATA_URL:-http://metadata.google.internal}
+md() { curl -sf -H "Metadata-Flavor: Google" "$MD/computeMetadata/v1/instance/$1"; }
+rendezvous() { md "attributes/spotsched-$1"; }
+report() {
+  local zone
+  zone=$(md zone) && zone=${zone##*/}
+  gcloud compute instances add-labels "$(md name)" --zone "$zone" --labels "spotsched-result=$1" --quiet \
+    || echo "spotsched: could not label the result $1" >&2
+}
+"""
+
+_LOOP = r"""
+LOG=${SPOTSCHED_LOG:-/var/log/spotsched-train.log}
+POWEROFF=${SPOTSCHED_POWEROFF:-shutdown -h now}
+child=0
+generation=""
+stop_child() {
+  if [ "$child" -ne 0 ] && kill -0 "$child" 2>/dev/null; then kill -TERM "$child"; wait "$child"; fi
+  child=0
+}
+trap 'stop_child; exit 0' TERM INT
+while true; do
+  seen=$(rendezvous generation || true)
+  if [ -n "$seen" ] && [ "$seen" != "$generation" ]; then
+    rank=$(rendezvous rank || true); size=$(rendezvous world-size || true)
+    addr=$(rendezvous master-addr || true); port=$(rendezvous master-port || true)
+    # The tags of one generation are written in one call; a generation that changed while we
+    # read them is read again on the next turn.
+    if [ -n "$rank" ] && [ -n "$size" ] && [ "$(rendezvous generation || true)" = "$seen" ]; then
+      stop_child
+      generation=$seen
+      export RANK=$rank WORLD_SIZE=$size
+      if [ "$size" -gt 1 ]; then export MASTER_ADDR=$addr MASTER_PORT=$port; else unset MASTER_ADDR MASTER_PORT; fi
+      echo "spotsched: generation $generation rank $RANK of $WORLD_SIZE" >>"$LOG"
+      "${COMMAND[@]}" >>"$LOG" 2>&1 &
+      child=$!
+    fi
+  fi
+  if [ "$child" -ne 0 ] && ! kill -0 "$child" 2>/dev/null; then
+    wait "$child"; rc=$?; child=0
+    if [ "$rc" -eq 0 ]; then report done; $POWEROFF; exit 0; fi
+    if [ "$rc" -ne __EXIT_PREEMPTED__ ]; then report "failed-$rc"; $POWEROFF; exit "$rc"; fi
+  fi
+  sleep __POLL__
+done
+"""
+
+
+def check_no_credentials(env: Mapping[str, str]) -> None:
+    """Refuse environment entries that look like credentials: start-up scripts are readable metadata."""
+    for name, value in env.items():
+        if _SECRET_NAME.search(name) or _SECRET_VALUE.search(str(value)):
+            raise BackendError(
+                f"job.env[{name!r}] looks like a credential; start-up scripts are stored as instance "
+                "metadata that anyone with describe access can read. Give the instance its access "
+                "through an instance profile (EC2) or a service account (Compute Engine) instead"
+            )
+
+
+def startup_script(job: TrainingJob, provider: Provider, *, poll_seconds: int = 10) -> str:
+    """The bash script that runs ``job.command`` under the rendezvous of ``provider``'s metadata."""
+    if provider not in ("aws", "gcp"):
+        raise ValueError(f"provider must be 'aws' or 'gcp', got {provider!r}")
+    if poll_seconds < 1:
+        raise ValueError(f"poll_seconds must be >= 1, got {poll_seconds}")
+    check_no_credentials(job.env)
+    env = {**job.env, "SPOTSCHED_NOTICE": provider, "SPOTSCHED_JOB_ID": job.job_id}
+    for name in env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise BackendError(f"job.env name {name!r} is not a shell variable name; use letters, digits and '_'")
+    exports = "\n".join(f"export {name}={shlex.quote(str(value))}" for name, value in sorted(env.items()))
+    command = " ".join(shlex.quote(arg) for arg in job.command)
+    loop = _LOOP.replace("__EXIT_PREEMPTED__", str(EXIT_PREEMPTED)).replace("__POLL__", str(int(poll_seconds)))
+    script = (
+        "#!/bin/bash\n"
+        f"# spotsched bootstrap for job {job.job_id}: see airflow_provider_spotsched/backends/bootstrap.py\n"
+        f"{exports}\n"
+        f"COMMAND=({command})\n"
+        + (_AWS_FUNCTIONS if provider == "aws" else _GCP_FUNCTIONS)
+        + loop
+    )
+    if len(script.encode()) > MAX_SCRIPT_BYTES:
+        raise BackendError(
+            f"the start-up script is {len(script.encode())} bytes, over {MAX_SCRIPT_BYTES}: shorten "
+            "job.command and job.env (put long settings in the CONFIG.json the command reads)"
+        )
+    return script

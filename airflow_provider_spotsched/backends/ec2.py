@@ -1,0 +1,420 @@
+"""EC2: spot instances per pool (one Availability Zone or subnet each) and on-demand ones.
+
+Every instance is launched with ``run_instances`` and tagged at launch (``TagSpecifications``)
+with ``spotsched:job-id``, ``spotsched:pool``, ``spotsched:capacity`` (``spot``/``on-demand``)
+and ``spotsched:generation``; ``status`` and ``release`` find the job by the job-id tag alone, so
+a restarted caller re-attaches instead of launching twice. Spot instances use
+``InstanceMarketOptions`` (one-time, terminate on interruption). ``ClientToken`` makes a retried
+launch return the first one's instance instead of a new one (one instance per call); it hashes
+the job id, the launch generation, the pool, the instance's index and the UTC 10-minute window
+(the window keeps a token from matching a launch of the same generation made long ago, whose
+instances are gone from ``describe_instances``).
+
+Rendezvous: the user data (:mod:`~airflow_provider_spotsched.backends.bootstrap`) waits for the
+tags ``spotsched:generation``, ``spotsched:rank``, ``spotsched:world-size``,
+``spotsched:master-addr`` and ``spotsched:master-port``, which it reads through IMDSv2 (instances
+are launched with ``InstanceMetadataTags=enabled``). ``reconcile`` writes them with
+``create_tags`` once every live instance has a private address: ranks by launch time, the oldest
+instance is rank 0 and its private IP the master address. A new generation restarts training on
+every instance from the latest checkpoint.
+
+Results and preemptions: the instance tags itself ``spotsched:result=done`` (or
+``failed-<code>``) when the training command ends and shuts down, which terminates it
+(``InstanceInitiatedShutdownBehavior=terminate``). Before terminating an instance itself, the
+backend tags it ``spotsched:released=true``; a terminated spot instance without that tag and
+without a result was taken back by AWS (``Server.SpotInstanceTermination``, or terminated from
+outside) and counts as preempted. A terminated on-demand instance without either tag failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
+
+from botocore.exceptions import ClientError
+
+from airflow_provider_spotsched.backends.base import (
+    ON_DEMAND,
+    BackendError,
+    ComputeBackend,
+    InstanceState,
+    InstanceStatus,
+    InsufficientCapacityError,
+    JobStatus,
+    LaunchOutcome,
+    LaunchRecorder,
+    TrainingJob,
+)
+from airflow_provider_spotsched.backends.bootstrap import startup_script
+from airflow_provider_spotsched.scheduling.model import Allocation
+
+log = logging.getLogger(__name__)
+
+TAG_JOB = "spotsched:job-id"
+TAG_POOL = "spotsched:pool"
+TAG_CAPACITY = "spotsched:capacity"
+TAG_GENERATION = "spotsched:generation"
+TAG_RANK = "spotsched:rank"
+TAG_WORLD_SIZE = "spotsched:world-size"
+TAG_MASTER_ADDR = "spotsched:master-addr"
+TAG_MASTER_PORT = "spotsched:master-port"
+TAG_RELEASED = "spotsched:released"
+TAG_RESULT = "spotsched:result"
+
+CAPACITY_ERRORS = frozenset(
+    {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded"}
+)
+"""run_instances error codes that mean "this pool has no capacity for us now" (not a bug to fix)."""
+
+SPOT_PREEMPTION_REASON = "Server.SpotInstanceTermination"
+SELF_SHUTDOWN_REASON = "Client.InstanceInitiatedShutdown"
+_GONE = ("shutting-down", "terminated")
+_TOKEN_WINDOW_SECONDS = 600
+_TERMINATE_BATCH = 1000  # terminate_instances takes at most 1000 ids per call
+
+
+@dataclass(frozen=True)
+class Ec2Placement:
+    """Where one pool's instances go: a subnet (which fixes the AZ) or an Availability Zone."""
+
+    subnet_id: str | None = None
+    availability_zone: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.subnet_id and not self.availability_zone:
+            raise ValueError("an Ec2Placement needs subnet_id or availability_zone (for example 'us-east-1a')")
+
+    @classmethod
+    def parse(cls, value: "str | Ec2Placement") -> "Ec2Placement":
+        """``subnet-...`` is a subnet, any other string an Availability Zone."""
+        if isinstance(value, Ec2Placement):
+            return value
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"a pool placement must be a subnet id or an Availability Zone name, got {value!r}")
+        return cls(subnet_id=value) if value.startswith("subnet-") else cls(availability_zone=value)
+
+    def launch_params(self) -> dict[str, Any]:
+        if self.subnet_id:
+            return {"SubnetId": self.subnet_id}
+        return {"Placement": {"AvailabilityZone": self.availability_zone}}
+
+
+@dataclass
+class _Instance:
+    """One EC2 instance of the job, as ``describe_instances`` or ``run_instances`` returned it."""
+
+    instance_id: str
+    state: str
+    launch_time: datetime
+    private_ip: str | None
+    state_reason: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: Mapping[str, Any]) -> "_Instance":
+        return cls(
+            instance_id=data["InstanceId"],
+            state=data["State"]["Name"],
+            launch_time=data["LaunchTime"],
+            private_ip=data.get("PrivateIpAddress"),
+            state_reason=(data.get("StateReason") or {}).get("Code", ""),
+            tags={t["Key"]: t["Value"] for t in data.get("Tags", [])},
+        )
+
+    @property
+    def pool(self) -> str:
+        return self.tags.get(TAG_POOL, ON_DEMAND)
+
+    @property
+    def generation(self) -> int:
+        return int(self.tags.get(TAG_GENERATION, "0") or 0)
+
+
+class Ec2Backend(ComputeBackend):
+    """Runs a job on EC2 through a boto3 EC2 client (from the Amazon provider's ``EC2Hook``).
+
+    ``pools`` maps every spot pool name of the job to its placement (a subnet id or an AZ);
+    ``on_demand`` places on-demand instances (EC2 picks a subnet of the default VPC when None).
+    ``iam_instance_profile`` (a name or an ARN) gives instances their checkpoint-store access and
+    the ``ec2:CreateTags`` right on themselves to report a result; no credential ever goes in the
+    user data.
+    """
+
+    name = "ec2"
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        instance_type: str,
+        image_id: str,
+        pools: Mapping[str, "str | Ec2Placement"],
+        on_demand: "str | Ec2Placement | None" = None,
+        key_name: str | None = None,
+        security_group_ids: Iterable[str] = (),
+        iam_instance_profile: str | None = None,
+        master_port: int = 29500,
+        poll_seconds: int = 10,
+        recorder: LaunchRecorder | None = None,
+    ) -> None:
+        for name, value in (("instance_type", instance_type), ("image_id", image_id)):
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if not pools:
+            raise ValueError("pools is empty: map every spot pool name to a subnet id or an Availability Zone")
+        if not 1 <= master_port <= 65535:
+            raise ValueError(f"master_port must be a TCP port in [1, 65535], got {master_port}")
+        self.client = client
+        self.instance_type, self.image_id = instance_type, image_id
+        self.pools = {name: Ec2Placement.parse(value) for name, value in pools.items()}
+        self.on_demand = None if on_demand is None else Ec2Placement.parse(on_demand)
+        self.key_name = key_name
+        self.security_group_ids = tuple(security_group_ids)
+        self.iam_instance_profile = iam_instance_profile
+        self.master_port = master_port
+        self.poll_seconds = poll_seconds
+        self.recorder = recorder
+
+    # -- ComputeBackend -------------------------------------------------------------------------
+
+    def status(self, job: TrainingJob) -> JobStatus:
+        return self._status(job, self._describe(job))
+
+    def reconcile(self, job: TrainingJob, target: Allocation) -> JobStatus:
+        self._check(job, target)
+        instances = self._describe(job)
+        before = self._status(job, instances)
+        if before.finished:
+            return before  # the work is done: nothing to launch
+        self._finish_releases(instances)
+        live = [i for i in instances if _state(i) in (InstanceState.PENDING, InstanceState.RUNNING)]
+        wanted = dict(zip(job.pools, target.spot)) | {ON_DEMAND: target.on_demand}
+        for pool in set(wanted) | {i.pool for i in live}:  # a pool the job no longer names goes to 0
+            count = wanted.get(pool, 0)
+            mine = sorted((i for i in live if i.pool == pool), key=lambda i: (i.launch_time, i.instance_id))
+            if len(mine) > count:
+                self._terminate(mine[count:])  # the newest go first
+        survivors = [i for i in live if i.tags.get(TAG_RELEASED) != "true"]
+        launched, shortfalls = self._launch(job, wanted, survivors, instances)
+        survivors += launched
+        if shortfalls and not survivors:
+            pools = ", ".join(p for p, _, _ in shortfalls)
+            raise InsufficientCapacityError(
+                pools, sum(n for _, n, _ in shortfalls), 0, "; ".join(f"{p}: {r}" for p, _, r in shortfalls)
+            )
+        self._rendezvous(survivors, instances + launched)
+        return self._status(job, instances + launched)
+
+    def release(self, job: TrainingJob) -> None:
+        instances = [i for i in self._describe(job) if i.state not in _GONE]
+        self._terminate(instances)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check(self, job: TrainingJob, target: Allocation) -> None:
+        if len(target.spot) != len(job.pools):
+            raise ValueError(f"target has {len(target.spot)} spot counts, job has {len(job.pools)} pools {job.pools}")
+        if target.on_demand < 0 or any(n < 0 for n in target.spot):
+            raise ValueError(f"target has a negative count: {target}")
+        if ON_DEMAND in job.pools:
+            raise ValueError(f"{ON_DEMAND!r} names the on-demand capacity; rename that spot pool in job.pools")
+        missing = [p for p, n in zip(job.pools, target.spot) if n and p not in self.pools]
+        if missing:
+            raise BackendError(
+                f"pools {missing} have no placement; add them to Ec2Backend(pools={{name: subnet or AZ}}) "
+                f"(known: {sorted(self.pools)})"
+            )
+
+    def _describe(self, job: TrainingJob) -> list[_Instance]:
+        paginator = self.client.get_paginator("describe_instances")
+        pages = paginator.paginate(Filters=[{"Name": f"tag:{TAG_JOB}", "Values": [job.job_id]}])
+        return [
+            _Instance.from_api(data)
+            for page in pages
+            for reservation in page.get("Reservations", [])
+            for data in reservation.get("Instances", [])
+        ]
+
+    def _status(self, job: TrainingJob, instances: list[_Instance]) -> JobStatus:
+        ordered = sorted(instances, key=lambda i: (i.launch_time, i.instance_id))
+        return JobStatus(
+            job.job_id,
+            tuple(InstanceStatus(i.instance_id, i.pool, _state(i), _detail(i)) for i in ordered),
+        )
+
+    def _finish_releases(self, instances: list[_Instance]) -> None:
+        """Terminate what an earlier call tagged released but did not terminate (it crashed)."""
+        pending = [i for i in instances if i.tags.get(TAG_RELEASED) == "true" and i.state not in _GONE]
+        if pending:
+            self._terminate(pending)
+
+    def _terminate(self, instances: list[_Instance]) -> None:
+        """Tag first, then terminate: the tag tells our terminations from preemptions."""
+        ids = [i.instance_id for i in instances]
+        for start in range(0, len(ids), _TERMINATE_BATCH):
+            batch = ids[start : start + _TERMINATE_BATCH]
+            self.client.create_tags(Resources=batch, Tags=[{"Key": TAG_RELEASED, "Value": "true"}])
+            self.client.terminate_instances(InstanceIds=batch)
+        for i in instances:
+            i.tags[TAG_RELEASED] = "true"
+            i.state = "shutting-down" if i.state not in _GONE else i.state
+        if ids:
+            log.info("terminated %d instance(s): %s", len(ids), ", ".join(ids))
+
+    def _launch(
+        self, job: TrainingJob, wanted: Mapping[str, int], survivors: list[_Instance], known: list[_Instance]
+    ) -> tuple[list[_Instance], list[tuple[str, int, str]]]:
+        """Launch every pool's deficit; return the new instances and (pool, missing, reason) shortfalls."""
+        deficits = {p: n - sum(1 for i in survivors if i.pool == p) for p, n in wanted.items()}
+        deficits = {p: d for p, d in deficits.items() if d > 0}
+        if not deficits:
+            return [], []
+        generation = 1 + max((i.generation for i in known), default=0)
+        user_data = startup_script(job, "aws", poll_seconds=self.poll_seconds)
+        launched: list[_Instance] = []
+        shortfalls: list[tuple[str, int, str]] = []
+        for pool, count in deficits.items():
+            new: list[_Instance] = []
+            reason = ""
+            for index in range(count):  # one instance per call: a short pool still gives what it has
+                params = self._launch_params(job, pool, index, generation, user_data)
+                try:
+                    response = self.client.run_instances(**params)
+                except ClientError as exc:
+                    error = exc.response.get("Error", {})
+                    if error.get("Code") not in CAPACITY_ERRORS:
+                        raise BackendError(
+                            f"run_instances for pool {pool!r} failed: {error.get('Code')}: {error.get('Message', exc)}"
+                        ) from exc
+                    reason = error["Code"]
+                    break  # the pool is out of capacity: asking again now only repeats the error
+                launch_tags = {t["Key"]: t["Value"] for t in params["TagSpecifications"][0]["Tags"]}
+                for data in response.get("Instances", []):
+                    instance = _Instance.from_api(data)
+                    instance.tags = launch_tags | instance.tags  # in case the response omits them
+                    new.append(instance)
+            launched += new
+            self._record(pool, count, len(new), reason)
+            if reason:
+                shortfalls.append((pool, count - len(new), reason))
+        return launched, shortfalls
+
+    def _launch_params(
+        self, job: TrainingJob, pool: str, index: int, generation: int, user_data: str
+    ) -> dict[str, Any]:
+        spot = pool != ON_DEMAND
+        tags = {
+            "Name": f"spotsched-{job.job_id}"[:255],
+            TAG_JOB: job.job_id,
+            TAG_POOL: pool,
+            TAG_CAPACITY: "spot" if spot else "on-demand",
+            TAG_GENERATION: str(generation),
+        }
+        tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+        window = int(datetime.now(timezone.utc).timestamp()) // _TOKEN_WINDOW_SECONDS
+        token = hashlib.sha256(f"{job.job_id}|{generation}|{pool}|{index}|{window}".encode()).hexdigest()[:64]
+        params: dict[str, Any] = {
+            "ImageId": self.image_id,
+            "InstanceType": self.instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": token,
+            "UserData": user_data,
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "InstanceMetadataTags": "enabled"},
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tag_list},
+                {"ResourceType": "volume", "Tags": tag_list},
+            ],
+        }
+        placement = self.pools.get(pool) if spot else self.on_demand
+        if placement is not None:
+            params |= placement.launch_params()
+        if spot:
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+            }
+        if self.key_name:
+            params["KeyName"] = self.key_name
+        if self.security_group_ids:
+            params["SecurityGroupIds"] = list(self.security_group_ids)
+        if self.iam_instance_profile:
+            key = "Arn" if self.iam_instance_profile.startswith("arn:") else "Name"
+            params["IamInstanceProfile"] = {key: self.iam_instance_profile}
+        return params
+
+    def _record(self, pool: str, requested: int, launched: int, reason: str) -> None:
+        if reason:
+            log.warning("pool %s: asked for %d instance(s), got %d (%s)", pool, requested, launched, reason)
+        if self.recorder is not None:
+            self.recorder(LaunchOutcome(datetime.now(timezone.utc), pool, requested, launched, reason))
+
+    def _rendezvous(self, live: list[_Instance], known: list[_Instance]) -> None:
+        """Publish a new generation when the live set differs from the one the tags describe."""
+        if not live:
+            return
+        ordered = sorted(live, key=lambda i: (i.launch_time, i.instance_id))
+        current = [i.tags.get(TAG_RANK) for i in ordered]
+        generations = {i.tags.get(TAG_GENERATION) for i in ordered}
+        sizes = {i.tags.get(TAG_WORLD_SIZE) for i in ordered}
+        in_place = (
+            len(generations) == 1
+            and sizes == {str(len(ordered))}
+            and sorted(current, key=str) == sorted(str(r) for r in range(len(ordered)))
+        )
+        if in_place:
+            return
+        if any(not i.private_ip for i in ordered):
+            log.info("rendezvous waits for private addresses; the next reconcile publishes it")
+            return
+        generation = str(1 + max(i.generation for i in known))
+        for rank, instance in enumerate(ordered):
+            tags = {
+                TAG_GENERATION: generation,
+                TAG_RANK: str(rank),
+                TAG_WORLD_SIZE: str(len(ordered)),
+                TAG_MASTER_ADDR: ordered[0].private_ip or "",
+                TAG_MASTER_PORT: str(self.master_port),
+            }
+            self.client.create_tags(
+                Resources=[instance.instance_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
+            )
+            instance.tags.update(tags)
+        log.info("rendezvous generation %s: %d worker(s), master %s", generation, len(ordered), ordered[0].private_ip)
+
+
+def _state(instance: _Instance) -> InstanceState:
+    """Map an EC2 state, its reason and our tags to the backend's instance state."""
+    result = instance.tags.get(TAG_RESULT, "")
+    if result == "done":
+        return InstanceState.FINISHED
+    if result:
+        return InstanceState.FAILED
+    if instance.tags.get(TAG_RELEASED) == "true":
+        return InstanceState.RELEASED
+    if instance.state == "pending":
+        return InstanceState.PENDING
+    if instance.state == "running":
+        return InstanceState.RUNNING
+    if instance.state_reason == SELF_SHUTDOWN_REASON:
+        return InstanceState.FAILED  # shut itself down without recording a result: see the detail
+    if instance.state in _GONE and (instance.pool != ON_DEMAND or instance.state_reason == SPOT_PREEMPTION_REASON):
+        return InstanceState.PREEMPTED
+    return InstanceState.FAILED  # stopped, or an on-demand instance ended outside spotsched
+
+
+def _detail(instance: _Instance) -> str:
+    parts = [instance.state]
+    if instance.state_reason:
+        parts.append(instance.state_reason)
+    if instance.tags.get(TAG_RESULT):
+        parts.append(f"result={instance.tags[TAG_RESULT]}")
+    if instance.state_reason == SELF_SHUTDOWN_REASON and not instance.tags.get(TAG_RESULT):
+        parts.append("no spotsched:result tag: give the instance profile ec2:CreateTags and install the AWS CLI")
+    elif instance.state in _GONE and not instance.tags.get(TAG_RELEASED) and not instance.tags.get(TAG_RESULT):
+        parts.append("ended outside spotsched")
+    return ", ".join(parts)

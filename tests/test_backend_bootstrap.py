@@ -1,0 +1,139 @@
+"""The instance start-up script, run for real by bash against a fake metadata server on loopback.
+
+The script must wait for its rendezvous, restart the training command when a new generation is
+published (SIGTERM, then the new RANK/WORLD_SIZE/MASTER_*), and on exit 0 report ``done`` and
+power the instance off. ``gcloud`` and the power-off command are stand-ins that write files.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
+from airflow_provider_spotsched.backends.bootstrap import startup_script
+
+# A training command: logs its rendezvous, exits 75 on SIGTERM, 0 once the "done" file exists.
+WORKER = (
+    'echo "$RANK/$WORLD_SIZE/${MASTER_ADDR:-}/${MASTER_PORT:-}/$SPOTSCHED_NOTICE" >> "$OUT/ranks"; '
+    'trap "exit 75" TERM; while [ ! -f "$OUT/done" ]; do sleep 0.1; done; exit 0'
+)
+
+
+@pytest.fixture
+def metadata() -> Iterator[tuple[dict[str, str], str]]:
+    """The rendezvous attributes (without their ``spotsched-`` prefix), served as the GCE metadata server does."""
+    attributes: dict[str, str] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            key = self.path.removeprefix("/computeMetadata/v1/instance/")
+            values = {"name": "ss-job-g1-p0-0", "zone": "projects/1/zones/us-central1-a"}
+            value = values.get(key) or attributes.get(key.removeprefix("attributes/spotsched-"))
+            ok = value is not None and self.headers.get("Metadata-Flavor") == "Google"
+            data = (value or "not found").encode()
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield attributes, f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def wait_for(condition: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.1)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_the_script_follows_generations_and_reports_done(tmp_path, metadata):
+    attributes, url = metadata
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(f'#!/bin/bash\necho "$@" >> {tmp_path}/gcloud\n')
+    gcloud.chmod(0o755)
+    job = TrainingJob(
+        "job-1",
+        ("bash", "-c", WORKER),
+        str(tmp_path / "ckpt"),
+        ("us-central1-a",),
+        env={
+            "OUT": str(tmp_path),
+            "SPOTSCHED_METADATA_URL": url,
+            "SPOTSCHED_LOG": str(tmp_path / "train.log"),
+            "SPOTSCHED_POWEROFF": f"touch {tmp_path}/powered-off",
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+        },
+    )
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(job, "gcp", poll_seconds=1))
+    process = subprocess.Popen(["bash", str(script)])
+    try:
+        time.sleep(1.5)  # no rendezvous yet: the command must not start
+        assert lines(tmp_path / "ranks") == []
+        attributes.update({"generation": "1", "rank": "0", "world-size": "1"})
+        wait_for(lambda: len(lines(tmp_path / "ranks")) == 1, "generation 1 to start")
+        attributes.update(
+            {"generation": "2", "rank": "1", "world-size": "2", "master-addr": "10.0.0.9", "master-port": "29500"}
+        )
+        wait_for(lambda: len(lines(tmp_path / "ranks")) == 2, "generation 2 to start")
+        (tmp_path / "done").touch()
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert lines(tmp_path / "ranks") == ["0/1///gcp", "1/2/10.0.0.9/29500/gcp"]
+    assert lines(tmp_path / "gcloud") == [
+        "compute instances add-labels ss-job-g1-p0-0 --zone us-central1-a --labels spotsched-result=done --quiet"
+    ]
+    assert (tmp_path / "powered-off").exists()
+
+
+def test_the_script_is_valid_bash_for_both_clouds_and_quotes_arguments(tmp_path):
+    job = TrainingJob("job-1", ("train", "--name", "it's $HOME; rm -rf /"), "ckpt", ("a",), env={"X": "a b"})
+    for provider in ("aws", "gcp"):
+        script = startup_script(job, provider)  # type: ignore[arg-type]
+        path = tmp_path / f"{provider}.sh"
+        path.write_text(script)
+        assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+        assert "COMMAND=(train --name 'it'\"'\"'s $HOME; rm -rf /')" in script
+        assert "export X='a b'" in script and f"export SPOTSCHED_NOTICE={provider}" in script
+
+
+def test_bad_environments_are_refused_with_the_fix():
+    for env, message in (
+        ({"HF_TOKEN": "hf_x"}, "looks like a credential"),
+        ({"KEY_FILE": "-----BEGIN RSA PRIVATE KEY-----"}, "service account"),
+        ({"bad-name": "1"}, "not a shell variable name"),
+        ({"BIG": "x" * 20000}, "over 16384"),
+    ):
+        job = TrainingJob("job-1", ("train",), "ckpt", ("a",), env=env)
+        with pytest.raises(BackendError, match=message):
+            startup_script(job, "aws")
+    with pytest.raises(ValueError, match="provider must be"):
+        startup_script(TrainingJob("job-1", ("train",), "ckpt", ("a",)), "azure")  # type: ignore[arg-type]

@@ -1,0 +1,355 @@
+"""The EC2 backend against a moto server on loopback: launch, scale, preempt, re-attach, release.
+
+Every call goes through a real boto3 client and HTTP, so the request parameters checked here are
+the ones EC2 would receive. Moto neither runs user data nor produces capacity errors or spot
+interruptions: capacity errors are injected as real ``ClientError`` responses, and a preemption is
+an instance terminated from outside the backend.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from airflow_provider_spotsched.backends.base import (
+    ON_DEMAND,
+    BackendError,
+    InstanceState,
+    InsufficientCapacityError,
+    LaunchOutcome,
+    TrainingJob,
+)
+from airflow_provider_spotsched.backends.ec2 import Ec2Backend, Ec2Placement
+from airflow_provider_spotsched.scheduling.model import Allocation
+from tests.moto_server import FAKE_CREDENTIALS, moto_endpoint  # noqa: F401 (a fixture)
+
+POOLS = ("us-east-1a", "us-east-1b")
+IMAGE_ID = "ami-03cf127a"  # one of the images moto ships (listing them all takes seconds)
+COMMAND = ("spotsched-train", "--config", "s3://bucket/job/config.json", "--checkpoint-uri", "s3://bucket/job/ckpt")
+
+
+class RecordingClient:
+    """A boto3 EC2 client that records the calls that change things and can refuse launches.
+
+    ``no_capacity`` names AZs whose spot launches fail with a real ``InsufficientInstanceCapacity``
+    error response, the way EC2 answers when a pool is short.
+    """
+
+    def __init__(
+        self, client: Any, no_capacity: tuple[str, ...] = (), error_code: str = "InsufficientInstanceCapacity"
+    ) -> None:
+        self._client = client
+        self.no_capacity = no_capacity
+        self.error_code = error_code
+        self.launches: list[dict[str, Any]] = []
+        self.terminations: list[list[str]] = []
+        self.tag_calls: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def run_instances(self, **params: Any) -> dict[str, Any]:
+        self.launches.append(params)
+        az = params.get("Placement", {}).get("AvailabilityZone")
+        if az in self.no_capacity:
+            error = {"Code": self.error_code, "Message": f"We currently do not have sufficient capacity in {az}."}
+            raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 500}}, "RunInstances")
+        return self._client.run_instances(**params)
+
+    def terminate_instances(self, **params: Any) -> dict[str, Any]:
+        self.terminations.append(list(params["InstanceIds"]))
+        return self._client.terminate_instances(**params)
+
+    def create_tags(self, **params: Any) -> dict[str, Any]:
+        self.tag_calls.append(params)
+        return self._client.create_tags(**params)
+
+
+@pytest.fixture
+def ec2(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An EC2 client on the moto server, with the instance profile the backend names.
+
+    The server is not reset between tests (rebuilding moto's EC2 defaults takes seconds): every
+    test runs its own job id, and the backend only ever sees its job's instances.
+    """
+    for name, value in FAKE_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    iam = boto3.client("iam", endpoint_url=moto_endpoint, region_name="us-east-1")
+    try:
+        iam.create_instance_profile(InstanceProfileName="spotsched-trainer")
+    except iam.exceptions.EntityAlreadyExistsException:
+        pass
+    return boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1")
+
+
+@pytest.fixture
+def job(request: pytest.FixtureRequest) -> TrainingJob:
+    """A job whose id is unique to the test, with a dot and an underscore as Airflow ids have."""
+    return TrainingJob(
+        job_id=f"dag.train__{request.node.name[5:60]}",
+        command=COMMAND,
+        checkpoint_uri="s3://bucket/job/ckpt",
+        pools=POOLS,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+
+
+@pytest.fixture
+def client(ec2: Any) -> RecordingClient:
+    return RecordingClient(ec2)
+
+
+def subnet_in(ec2: Any, az: str) -> str:
+    subnets = ec2.describe_subnets(Filters=[{"Name": "availability-zone", "Values": [az]}])["Subnets"]
+    return subnets[0]["SubnetId"]
+
+
+def make_backend(client: Any, **overrides: Any) -> Ec2Backend:
+    vpc = client.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    groups = client.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]
+    params: dict[str, Any] = {
+        "instance_type": "p3.2xlarge",
+        "image_id": IMAGE_ID,
+        "pools": {"us-east-1a": "us-east-1a", "us-east-1b": subnet_in(client, "us-east-1b")},
+        "on_demand": "us-east-1c",
+        "iam_instance_profile": "spotsched-trainer",
+        "security_group_ids": [groups[0]["GroupId"]],
+    }
+    return Ec2Backend(client, **(params | overrides))
+
+
+def described(ec2: Any, job: TrainingJob) -> dict[str, dict[str, Any]]:
+    """Every instance carrying the job's tag, by id, with its tags as a dict."""
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "tag:spotsched:job-id", "Values": [job.job_id]}]
+    )
+    out = {}
+    for page in pages:
+        for reservation in page["Reservations"]:
+            for inst in reservation["Instances"]:
+                inst["TagMap"] = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                out[inst["InstanceId"]] = inst
+    return out
+
+
+def live(ec2: Any, job: TrainingJob) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in described(ec2, job).items() if v["State"]["Name"] in ("pending", "running")}
+
+
+def user_data_of(ec2: Any, instance_id: str) -> str:
+    value = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")["UserData"]["Value"]
+    return base64.b64decode(value).decode()
+
+
+def test_launch_sends_market_options_tags_placement_and_user_data(client, ec2, job):
+    backend = make_backend(client)
+    status = backend.reconcile(job, Allocation((2, 1), 1))
+
+    assert status.active(POOLS) == Allocation((2, 1), 1)
+    assert len(client.launches) == 4 and len({p["ClientToken"] for p in client.launches}) == 4
+    by_pool: dict[str, list[dict[str, Any]]] = {}
+    for params in client.launches:
+        tags = {t["Key"]: t["Value"] for t in params["TagSpecifications"][0]["Tags"]}
+        assert tags["spotsched:job-id"] == job.job_id and tags["spotsched:generation"] == "1"
+        by_pool.setdefault(tags["spotsched:pool"], []).append(params)
+        assert params["MinCount"] == params["MaxCount"] == 1
+        assert params["InstanceInitiatedShutdownBehavior"] == "terminate"
+        assert params["MetadataOptions"]["InstanceMetadataTags"] == "enabled"
+        assert params["IamInstanceProfile"] == {"Name": "spotsched-trainer"}
+        if tags["spotsched:pool"] == ON_DEMAND:
+            assert "InstanceMarketOptions" not in params and tags["spotsched:capacity"] == "on-demand"
+        else:
+            assert params["InstanceMarketOptions"] == {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+            }
+            assert tags["spotsched:capacity"] == "spot"
+    assert {p["Placement"]["AvailabilityZone"] for p in by_pool["us-east-1a"]} == {"us-east-1a"}
+    assert {p["SubnetId"] for p in by_pool["us-east-1b"]} == {subnet_in(ec2, "us-east-1b")}
+    assert by_pool[ON_DEMAND][0]["Placement"] == {"AvailabilityZone": "us-east-1c"}
+
+    instances = live(ec2, job)
+    assert len(instances) == 4
+    zones = sorted(i["Placement"]["AvailabilityZone"] for i in instances.values())
+    assert zones == ["us-east-1a", "us-east-1a", "us-east-1b", "us-east-1c"]
+    assert sum(i.get("InstanceLifecycle") == "spot" for i in instances.values()) == 3
+    script = user_data_of(ec2, next(iter(instances)))
+    assert script.startswith("#!/bin/bash")
+    assert "export SPOTSCHED_NOTICE=aws" in script and "export HF_HUB_OFFLINE=1" in script
+    assert f"COMMAND=({' '.join(COMMAND)})" in script
+    assert "tags/instance/spotsched:$1" in script  # the rendezvous comes from the instance's own tags
+
+
+def test_user_data_carries_no_credential(client, ec2, job):
+    make_backend(client).reconcile(job, Allocation((1, 0), 0))
+    script = user_data_of(ec2, next(iter(live(ec2, job))))
+    for name, value in FAKE_CREDENTIALS.items():
+        if name != "AWS_DEFAULT_REGION":
+            assert name not in script and f"={value}" not in script
+    assert not re.search(r"(AKIA|ASIA)[0-9A-Z]{16}|aws_secret|secret_access|session_token|password", script, re.I)
+    assert not re.search(r"\bconn(ection)?_id\b|login|extra", script, re.I)
+
+
+def test_a_credential_in_the_job_env_is_refused_before_anything_launches(client, ec2, job):
+    leaky = TrainingJob(job.job_id, job.command, job.checkpoint_uri, POOLS, env={"AWS_SECRET_ACCESS_KEY": "x"})
+    with pytest.raises(BackendError, match="instance profile"):
+        make_backend(client).reconcile(leaky, Allocation((1, 0), 0))
+    hidden = TrainingJob(job.job_id, job.command, job.checkpoint_uri, POOLS, env={"S3_KEY": "AKIAABCDEFGHIJKLMNOP"})
+    with pytest.raises(BackendError, match="looks like a credential"):
+        make_backend(client).reconcile(hidden, Allocation((1, 0), 0))
+    assert client.launches == [] and live(ec2, job) == {}
+
+
+def test_rendezvous_tags_rank_the_instances_oldest_first_with_its_address_as_master(client, ec2, job):
+    make_backend(client).reconcile(job, Allocation((2, 0), 1))
+    instances = sorted(live(ec2, job).values(), key=lambda i: (i["LaunchTime"], i["InstanceId"]))
+    tags = [i["TagMap"] for i in instances]
+    assert [t["spotsched:rank"] for t in tags] == ["0", "1", "2"]
+    assert {t["spotsched:world-size"] for t in tags} == {"3"}
+    assert {t["spotsched:master-addr"] for t in tags} == {instances[0]["PrivateIpAddress"]}
+    assert {t["spotsched:master-port"] for t in tags} == {"29500"}
+    assert len({t["spotsched:generation"] for t in tags}) == 1 and tags[0]["spotsched:generation"] != "1"
+
+
+def test_the_same_reconcile_twice_launches_and_ends_nothing(client, ec2, job):
+    backend = make_backend(client)
+    first = backend.reconcile(job, Allocation((1, 1), 1))
+    launches, tag_calls = len(client.launches), len(client.tag_calls)
+    second = backend.reconcile(job, Allocation((1, 1), 1))
+    assert len(client.launches) == launches == 3
+    assert len(client.tag_calls) == tag_calls  # the rendezvous stands: no new generation
+    assert client.terminations == []
+    assert {i.instance_id for i in second.instances} == {i.instance_id for i in first.instances}
+
+
+def test_scale_down_ends_the_newest_of_the_shrunk_pool_and_scale_up_adds_on_demand(client, ec2, job):
+    backend = make_backend(client)
+    backend.reconcile(job, Allocation((3, 0), 0))
+    pool_a = sorted(live(ec2, job).values(), key=lambda i: (i["LaunchTime"], i["InstanceId"]))
+    status = backend.reconcile(job, Allocation((1, 0), 1))
+
+    ended = {i for call in client.terminations for i in call}
+    assert ended == {pool_a[1]["InstanceId"], pool_a[2]["InstanceId"]}
+    assert status.active(POOLS) == Allocation((1, 0), 1)
+    assert status.count(InstanceState.RELEASED) == 2 and status.preemptions == 0
+    instances = described(ec2, job)
+    assert all(instances[i]["TagMap"]["spotsched:released"] == "true" for i in ended)
+    now = live(ec2, job)
+    assert {i["TagMap"]["spotsched:world-size"] for i in now.values()} == {"2"}
+    assert now[pool_a[0]["InstanceId"]]["TagMap"]["spotsched:rank"] == "0"  # the oldest stays master
+
+
+def test_an_instance_terminated_from_outside_is_a_preemption_and_is_replaced(client, ec2, job):
+    backend = make_backend(client)
+    backend.reconcile(job, Allocation((2, 0), 0))
+    victim = sorted(live(ec2, job))[0]
+    ec2.terminate_instances(InstanceIds=[victim])  # AWS (or someone) took it back
+
+    status = backend.status(job)
+    taken = [i for i in status.instances if i.instance_id == victim][0]
+    assert taken.state is InstanceState.PREEMPTED and "ended outside spotsched" in taken.detail
+    assert status.active(POOLS) == Allocation((1, 0), 0)
+
+    after = backend.reconcile(job, Allocation((2, 0), 0))
+    assert after.active(POOLS) == Allocation((2, 0), 0) and after.preemptions == 1
+    assert len(client.launches) == 3
+    assert {i["TagMap"]["spotsched:world-size"] for i in live(ec2, job).values()} == {"2"}
+
+
+def test_a_terminated_on_demand_instance_failed_and_a_result_tag_finishes_the_job(client, ec2, job):
+    backend = make_backend(client)
+    backend.reconcile(job, Allocation((1, 0), 1))
+    ids = {i.pool: i.instance_id for i in backend.status(job).instances}
+    ec2.terminate_instances(InstanceIds=[ids[ON_DEMAND]])
+    ec2.create_tags(Resources=[ids["us-east-1a"]], Tags=[{"Key": "spotsched:result", "Value": "done"}])
+
+    status = backend.status(job)
+    states = {i.pool: i.state for i in status.instances}
+    assert states == {ON_DEMAND: InstanceState.FAILED, "us-east-1a": InstanceState.FINISHED}
+    assert status.finished
+    launches = len(client.launches)
+    backend.reconcile(job, Allocation((1, 0), 1))
+    assert len(client.launches) == launches  # the work is done: nothing is relaunched
+
+
+def test_a_new_backend_reattaches_to_running_instances_instead_of_launching(client, ec2, job):
+    make_backend(client).reconcile(job, Allocation((1, 1), 0))
+    before = set(live(ec2, job))
+    retried = RecordingClient(ec2)  # a retried Airflow task: new client, new backend, same job id
+    status = make_backend(retried).reconcile(job, Allocation((1, 1), 0))
+    assert retried.launches == [] and retried.terminations == []
+    assert {i.instance_id for i in status.instances} == before == set(live(ec2, job))
+
+
+def test_release_ends_everything_is_safe_to_repeat_and_needs_only_the_job_id(client, ec2, job):
+    make_backend(client).reconcile(job, Allocation((2, 1), 1))
+    other = TrainingJob(f"{job.job_id}-other", job.command, job.checkpoint_uri, POOLS)
+    make_backend(client).reconcile(other, Allocation((1, 0), 0))
+
+    after_crash = make_backend(RecordingClient(ec2))  # the caller that launched is gone
+    after_crash.release(job)
+    assert live(ec2, job) == {}
+    assert len(live(ec2, other)) == 1  # another job's instances are not touched
+    status = after_crash.status(job)
+    assert {i.state for i in status.instances} == {InstanceState.RELEASED} and len(status.instances) == 4
+    after_crash.release(job)
+    after_crash.release(TrainingJob(f"{job.job_id}-never", job.command, job.checkpoint_uri, POOLS))
+    assert live(ec2, job) == {}
+
+
+def test_a_scale_down_interrupted_between_tag_and_terminate_is_finished_by_the_next_reconcile(client, ec2, job):
+    backend = make_backend(client)
+    backend.reconcile(job, Allocation((2, 0), 0))
+    half_done = sorted(live(ec2, job))[0]
+    ec2.create_tags(Resources=[half_done], Tags=[{"Key": "spotsched:released", "Value": "true"}])
+
+    status = backend.reconcile(job, Allocation((2, 0), 0))
+    assert half_done not in live(ec2, job)
+    assert status.active(POOLS) == Allocation((2, 0), 0) and len(live(ec2, job)) == 2
+
+
+def test_a_pool_out_of_capacity_is_recorded_and_the_rest_is_launched(ec2, job):
+    outcomes: list[LaunchOutcome] = []
+    client = RecordingClient(ec2, no_capacity=("us-east-1a",))
+    status = make_backend(client, recorder=outcomes.append).reconcile(job, Allocation((2, 1), 1))
+
+    assert status.active(POOLS) == Allocation((0, 1), 1)
+    recorded = {o.pool: (o.requested, o.launched, o.reason) for o in outcomes}
+    assert recorded == {
+        "us-east-1a": (2, 0, "InsufficientInstanceCapacity"),
+        "us-east-1b": (1, 1, ""),
+        ON_DEMAND: (1, 1, ""),
+    }
+    assert sum(1 for p in client.launches if p.get("Placement", {}).get("AvailabilityZone") == "us-east-1a") == 1
+
+
+def test_no_capacity_anywhere_raises_and_leaves_nothing_running(ec2, job):
+    outcomes: list[LaunchOutcome] = []
+    client = RecordingClient(ec2, no_capacity=("us-east-1a",), error_code="SpotMaxPriceTooLow")
+    with pytest.raises(InsufficientCapacityError, match=r"us-east-1a.*asked for 2.*got 0.*SpotMaxPriceTooLow"):
+        make_backend(client, recorder=outcomes.append).reconcile(job, Allocation((2, 0), 0))
+    assert outcomes[0].launched == 0 and outcomes[0].reason == "SpotMaxPriceTooLow"
+    assert live(ec2, job) == {}
+
+
+def test_other_launch_errors_and_unplaced_pools_are_clear_errors(ec2, job):
+    class Unauthorized(RecordingClient):
+        def run_instances(self, **params: Any) -> dict[str, Any]:
+            error = {"Code": "UnauthorizedOperation", "Message": "You are not authorized to perform this operation."}
+            raise ClientError({"Error": error}, "RunInstances")
+
+    with pytest.raises(BackendError, match="UnauthorizedOperation: You are not authorized"):
+        make_backend(Unauthorized(ec2)).reconcile(job, Allocation((1, 0), 0))
+    with pytest.raises(BackendError, match=r"pools \['us-east-1b'\] have no placement"):
+        make_backend(RecordingClient(ec2), pools={"us-east-1a": "us-east-1a"}).reconcile(job, Allocation((1, 1), 0))
+    with pytest.raises(ValueError, match="needs subnet_id or availability_zone"):
+        Ec2Placement()
+    with pytest.raises(ValueError, match="master_port"):
+        make_backend(RecordingClient(ec2), master_port=0)
