@@ -1,0 +1,1 @@
+"""Operator extra links: buttons on a task instance that lead to the provider's pages."""

@@ -1,0 +1,165 @@
+"""A throwaway Airflow deployment holding one run whose tasks pushed the sample XComs.
+
+The metadata database is built the supported way, in subprocesses: ``airflow db migrate``, then
+``airflow dags test`` on a tiny DAG whose tasks push :mod:`tests.run_log_samples`'s log and
+result. :func:`serve_reports` then points this process's Airflow at that database and mounts
+the plugin's app on a host app the way the API server does (plugin app under its prefix, the
+auth manager initialised), restoring the previous configuration afterwards: other test modules
+in the same worker may have imported Airflow with a configuration of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from tests.run_log_samples import sample_decision_log, sample_in_progress_log, sample_result
+
+DAG_ID = "spotsched_report_test"
+LOGICAL_DATE = "2025-10-06T00:00:00+00:00"
+FINISHED_TASK = "finetune"
+IN_PROGRESS_TASK = "finetune_in_progress"
+SILENT_TASK = "prepare"  # a task of the run that pushed no decision log
+IN_PROGRESS_SLOTS = 10
+AIRFLOW = Path(sys.executable).with_name("airflow")
+
+DAG_FILE = '''
+import json
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import DAG, BaseOperator, task
+
+from airflow_provider_spotsched.links.report import SpotRunReportLink
+
+DATA = Path({data!r})
+
+
+class LoggingOperator(BaseOperator):
+    """Pushes the sample log and result the way the fine-tuning operator does, with its link."""
+
+    operator_extra_links = (SpotRunReportLink(),)
+
+    def execute(self, context):
+        context["ti"].xcom_push(key="decision_log", value=json.loads((DATA / "decision_log.json").read_text()))
+        return json.loads((DATA / "result.json").read_text())
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), catchup=False):
+
+    @task(task_id={silent!r})
+    def prepare():
+        return None
+
+    @task(task_id={in_progress!r})
+    def finetune_in_progress(ti=None):
+        ti.xcom_push(key="decision_log", value=json.loads((DATA / "in_progress_log.json").read_text()))
+
+    prepare() >> [LoggingOperator(task_id={finished!r}), finetune_in_progress()]
+'''
+
+
+@dataclass(frozen=True)
+class ReportDb:
+    """The deployment's files, the environment that selects it and the id of its one run."""
+
+    home: Path
+    env: dict[str, str]
+    run_id: str
+
+
+def build_report_db(home: Path) -> ReportDb:
+    """Migrate a SQLite metadata database in ``home`` and run the test DAG once into it."""
+    data, dags = home / "data", home / "dags"
+    data.mkdir(parents=True)
+    dags.mkdir()
+    (data / "decision_log.json").write_text(json.dumps(sample_decision_log()))
+    (data / "result.json").write_text(json.dumps(sample_result()))
+    (data / "in_progress_log.json").write_text(json.dumps(sample_in_progress_log(IN_PROGRESS_SLOTS)))
+    (dags / f"{DAG_ID}.py").write_text(DAG_FILE.format(
+        data=str(data), dag_id=DAG_ID, silent=SILENT_TASK, finished=FINISHED_TASK, in_progress=IN_PROGRESS_TASK))
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__API_AUTH__JWT_SECRET": "spotsched-report-tests-only-" + "0123456789abcdef" * 4,
+    }
+    for command in (["db", "migrate"], ["dags", "test", DAG_ID, LOGICAL_DATE]):
+        done = subprocess.run([str(AIRFLOW), *command], env={**os.environ, **env}, cwd=home,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (
+            f"airflow {' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    # `dags test` names the run after the moment it ran; read the name back
+    with sqlite3.connect(home / "airflow.db") as connection:
+        (run_id,) = connection.execute("SELECT run_id FROM dag_run WHERE dag_id = ?", (DAG_ID,)).fetchone()
+    return ReportDb(home, env, run_id)
+
+
+def shared_report_db(tmp_path_factory: pytest.TempPathFactory) -> ReportDb:
+    """One deployment per test session, built by the first pytest-xdist worker that asks for it.
+
+    The deployment takes tens of seconds to build and the tests only read it, so the plugin and
+    browser tests share it even when xdist runs them in different workers.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's directory, common to its workers
+    built = root / "spotsched_report_db.json"
+    with FileLock(str(root / "spotsched_report_db.lock")):
+        if not built.is_file():
+            db = build_report_db(root / "spotsched_report_db")
+            built.write_text(json.dumps({"home": str(db.home), "env": db.env, "run_id": db.run_id}))
+        data = json.loads(built.read_text())
+    return ReportDb(Path(data["home"]), data["env"], data["run_id"])
+
+
+@contextmanager
+def serve_reports(db: ReportDb) -> Iterator[object]:
+    """A host FastAPI app with the plugin mounted, on ``db``'s database and auth manager."""
+    from fastapi import FastAPI
+
+    from airflow import settings
+    from airflow.api_fastapi import app as api_app
+    from airflow_provider_spotsched.plugins.report import SpotschedPlugin
+
+    patch = pytest.MonkeyPatch()
+    previous_auth_manager = api_app._AuthManagerState.instance
+    for name, value in db.env.items():
+        patch.setenv(name, value)
+    settings.configure_vars()
+    settings.reconfigure_orm()
+    try:
+        host = FastAPI()
+        for plugin_app in SpotschedPlugin.fastapi_apps:
+            host.mount(plugin_app["url_prefix"], plugin_app["app"])
+        api_app._AuthManagerState.instance = None
+        api_app.init_auth_manager(host)
+        yield host
+    finally:
+        api_app._AuthManagerState.instance = previous_auth_manager
+        patch.undo()
+        settings.configure_vars()
+        settings.reconfigure_orm()
+
+
+def token(role: str | None, username: str = "viewer") -> str:
+    """A JWT the deployment's auth manager accepts, for a user of ``role`` (``None``: no role)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=username, role=role))
