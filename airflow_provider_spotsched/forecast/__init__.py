@@ -11,6 +11,10 @@ FORECASTERS: dict[str, str] = {
     "persistence": "airflow_provider_spotsched.forecast.persistence:PersistenceForecaster",
     "seasonal-naive": "airflow_provider_spotsched.forecast.seasonal_naive:SeasonalNaiveForecaster",
     "oracle": "airflow_provider_spotsched.forecast.oracle:OracleForecaster",
+    "arima": "airflow_provider_spotsched.forecast.arima:ArimaForecaster",
+    "holt-winters": "airflow_provider_spotsched.forecast.exponential_smoothing:HoltWintersForecaster",
+    "markov-count": "airflow_provider_spotsched.forecast.markov_count:MarkovCountForecaster",
+    "auto": "airflow_provider_spotsched.forecast.auto:AutoForecaster",
 }
 
 

@@ -1,0 +1,377 @@
+"""Per-series forecasting: the pieces every statistical forecaster of the project shares.
+
+A statistical forecaster models each pool's two series (spot price, available count) on its own.
+A *fit* turns one series into a :class:`FittedSeries`, which forecasts the next slots (point and
+80% interval, for counts optionally a full distribution) and :meth:`~FittedSeries.update`\\ s
+itself with new observations without re-estimating its parameters. :class:`SeriesForecaster`
+runs the fits for every pool on a schedule: a fit every ``refit_every`` slots, a cheap update in
+between, so the scheduler's hourly call stays fast. Its cache is keyed by pool and by the history
+the model has seen; a ``past`` that does not extend that history is fitted afresh.
+
+Every forecaster tries a ranked list of fits per series and falls to the next one when a fit
+raises, does not converge or forecasts non-finite values, logging why; persistence closes every
+list and cannot fail on checked data, so a forecast is always produced and never holds NaN.
+
+Bad data is refused up front (:func:`check_history`): non-finite or negative prices, non-finite,
+negative or fractional counts each raise a ``ValueError`` naming the pool. A history too short for
+a model (a single slot, say) is the documented fallback case: the model's fit raises
+:class:`FitError`, the forecaster logs it and forecasts with the next fit, in the end persistence,
+and ``Forecast.models`` names what was used.
+
+Availability forecasts are clipped to [0, the largest count seen] and turned into a distribution
+over counts 0..C: a model that gives one (the Markov chain) is used as is, any other's point and
+interval become a discretised normal whose 80% interval matches the model's (mass outside
+[0, max seen] is folded onto the ends). Prices are clipped at 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from scipy.special import ndtr
+from threadpoolctl import threadpool_limits
+
+from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
+from airflow_provider_spotsched.market.slots import SlotMarket
+
+logger = logging.getLogger(__name__)
+
+Z80 = 1.2815515655446004  # standard normal quantile of 0.9: an 80% central interval is mean +- Z80 sd
+LOWER_Q, UPPER_Q = 0.1, 0.9
+PRICE, AVAILABLE = "price", "available"
+
+
+def single_threaded() -> threadpool_limits:
+    """Keep BLAS to one thread while statsmodels fits: its Kalman filter multiplies tiny matrices,
+    and on a loaded machine BLAS threads spinning on those make a fit tens of times slower."""
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+class FitError(RuntimeError):
+    """A model could not be fitted to a series (too short, failed or did not converge)."""
+
+
+@dataclass(frozen=True)
+class SeriesForecast:
+    """One series' forecast for the next ``h`` slots: ``mean``, 80% ``lower``/``upper`` bounds and,
+    for counts, optionally ``distribution[h, C + 1]`` (probability of each count 0..C)."""
+
+    mean: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    distribution: np.ndarray | None = None
+
+    def is_finite(self) -> bool:
+        parts = [self.mean, self.lower, self.upper]
+        if self.distribution is not None:
+            parts.append(self.distribution)
+        return all(np.isfinite(part).all() for part in parts)
+
+
+class FittedSeries(ABC):
+    """A model fitted to one series; ``label`` names it in ``Forecast.models``."""
+
+    label: str
+
+    @abstractmethod
+    def update(self, history: np.ndarray) -> "FittedSeries":
+        """The model with its state carried through ``history`` (an extension of what it has seen),
+        its parameters kept: far cheaper than a fit."""
+
+    @abstractmethod
+    def forecast(self, horizon: int) -> SeriesForecast:
+        """The next ``horizon`` slots after the last one seen."""
+
+
+Fit = Callable[[np.ndarray], FittedSeries]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A named way to fit a series; forecasters rank these and fall down the list on failure."""
+
+    name: str
+    fit: Fit
+
+
+def check_history(past: SlotMarket) -> None:
+    """Refuse data no model may be fitted to, naming the pool, the problem and the fix."""
+    for m, pool in enumerate(past.pools):
+        price = np.asarray(past.spot_price[:, m], dtype=float)
+        bad = ~np.isfinite(price)
+        if bad.any():
+            what = "all" if bad.all() else f"{int(bad.sum())} of"
+            raise ValueError(
+                f"pool {pool!r}: {what} {price.size} spot prices are NaN or infinite; resample the trace "
+                f"(market.slots.resample carries the last price through holes) or drop the pool"
+            )
+        if (price < 0).any():
+            slot = int(np.argmax(price < 0))
+            raise ValueError(
+                f"pool {pool!r}: spot price {price[slot]:g} in slot {slot} is negative; prices are USD per "
+                f"instance-hour and must be >= 0: fix the trace"
+            )
+        counts = np.asarray(past.available[:, m], dtype=float)
+        if not np.isfinite(counts).all() or (counts < 0).any() or (counts != np.rint(counts)).any():
+            raise ValueError(
+                f"pool {pool!r}: available counts must be whole numbers >= 0 (a hole in the data counts as 0); "
+                f"got values such as {counts[~np.isfinite(counts) | (counts < 0) | (counts != np.rint(counts))][:3]}"
+            )
+
+
+def check_int(name: str, value: Any, minimum: int, meaning: str) -> int:
+    """``value`` as an int if it is a whole number >= ``minimum``, else a clear error."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} ({meaning}), got {value!r}")
+    return int(value)
+
+
+def seasonal_strength(y: np.ndarray, season: int) -> float:
+    """How much of the detrended variance a fixed daily profile explains (0: none, 1: all).
+
+    Classical decomposition: a centred moving average of one season is the trend, the mean of
+    the detrended series per phase of the season the profile. The share of variance the profile
+    explains is adjusted for the ``season`` means it fits, like an adjusted R^2 (on pure noise
+    seen for c seasons the raw share is about 1/c, the adjusted one about 0). Needs two seasons.
+    """
+    if season < 2 or y.size < 2 * season:
+        return 0.0
+    kernel = np.ones(season + 1 - season % 2)
+    kernel[0] = kernel[-1] = 0.5 if season % 2 == 0 else 1.0
+    trend = np.convolve(y, kernel / kernel.sum(), mode="valid")
+    offset = (kernel.size - 1) // 2
+    detrended = y[offset : offset + trend.size] - trend
+    phase = (np.arange(detrended.size) + offset) % season
+    profile = np.bincount(phase, weights=detrended, minlength=season) / np.bincount(phase, minlength=season)
+    remainder = detrended - profile[phase]
+    total, n = detrended.var(), detrended.size
+    if total <= 0 or n <= season:
+        return 0.0
+    return float(max(0.0, 1.0 - remainder.var() / total * (n - 1) / (n - season)))
+
+
+class LaggedCopy(FittedSeries):
+    """The value ``lag(h)`` slots before each future slot, with an empirical interval.
+
+    The interval at lead ``h`` adds the 10% and 90% quantiles of the ``lag(h)``-slot changes in
+    the history it was fitted on (widened to include 0, so it always contains the point); these
+    are its parameters, kept between refits. Without such changes in the history it has zero
+    width. Persistence is ``lag(h) = h``; seasonal naive repeats the last season (``lag(h)`` =
+    whole seasons reaching back past ``h``) and is persistence where the history holds less than
+    a season.
+    """
+
+    def __init__(self, label: str, history: np.ndarray, season: int | None = None) -> None:
+        if history.size < 1:
+            raise FitError(f"{label} needs at least one slot of history")
+        self.label = label
+        self.history = self.fitted_on = history
+        self.season = season
+        self.bands: dict[int, tuple[float, float]] = {}  # lag -> (low, high) change quantiles
+
+    def update(self, history: np.ndarray) -> "LaggedCopy":
+        updated = copy.copy(self)
+        updated.history = history
+        return updated
+
+    def band(self, lag: int) -> tuple[float, float]:
+        if lag not in self.bands:
+            y = self.fitted_on
+            changes = y[lag:] - y[:-lag] if lag < y.size else np.zeros(1)
+            low, high = np.quantile(changes, [LOWER_Q, UPPER_Q])
+            self.bands[lag] = (min(float(low), 0.0), max(float(high), 0.0))
+        return self.bands[lag]
+
+    def forecast(self, horizon: int) -> SeriesForecast:
+        y, n = self.history, self.history.size
+        leads = np.arange(1, horizon + 1)
+        if self.season is None or n < self.season:
+            lags = leads
+        else:
+            lags = self.season * -(-leads // self.season)
+        source = n - 1 + leads - lags
+        mean = y[np.where(source >= 0, source, n - 1)].astype(float)
+        bands = np.array([self.band(int(lag)) for lag in lags])
+        return SeriesForecast(mean, mean + bands[:, 0], mean + bands[:, 1])
+
+
+def fit_persistence(y: np.ndarray) -> FittedSeries:
+    return LaggedCopy("persistence", y)
+
+
+def seasonal_naive_fit(season: int) -> Fit:
+    return lambda y: LaggedCopy("seasonal-naive", y, season)
+
+
+def count_distribution(mean: np.ndarray, lower: np.ndarray, upper: np.ndarray, top: int) -> np.ndarray:
+    """``[h, top + 1]``: a normal with the forecast's mean and 80% interval, discretised on 0..top.
+
+    Each count c takes the normal's mass on [c - 0.5, c + 0.5); the tails fold onto 0 and ``top``.
+    A zero-width interval splits the mass between the two counts around the mean, keeping it.
+    """
+    counts = np.arange(top + 1)
+    sd = (upper - lower) / (2 * Z80)
+    dist = np.zeros((mean.size, top + 1))
+    wide = sd > 1e-9
+    if wide.any():
+        edges = (counts[None, 1:] - 0.5 - mean[wide, None]) / sd[wide, None]
+        cdf = np.hstack([np.zeros((wide.sum(), 1)), ndtr(edges), np.ones((wide.sum(), 1))])
+        dist[wide] = np.diff(cdf, axis=1)
+    if (~wide).any():
+        point = np.clip(mean[~wide], 0, top)
+        low = np.floor(point).astype(int)
+        rows = np.flatnonzero(~wide)
+        frac = point - low
+        dist[rows, low] = 1 - frac
+        dist[rows, np.minimum(low + 1, top)] += frac
+    return dist
+
+
+@dataclass
+class SeriesState:
+    """A series' model, the history it has seen, and the history lengths it was fitted and ranked at."""
+
+    history: np.ndarray
+    fitted: FittedSeries
+    fitted_at: int
+    ranking: list[Candidate]
+    ranked_at: int
+
+
+class SeriesForecaster(Forecaster):
+    """Forecasts each pool's price and availability with ranked per-series fits on a refit schedule.
+
+    Subclasses name the candidate fits per series kind (:meth:`candidates`); the default ranking is
+    their order. The first that fits and forecasts finite values is used; it is refitted every
+    ``refit_every`` slots and updated in between.
+    """
+
+    def __init__(self, refit_every: int = 24) -> None:
+        self.refit_every = check_int("refit_every", refit_every, 1, "slots between model refits")
+        self._cache: dict[tuple[Any, ...], SeriesState] = {}
+
+    def params(self) -> dict[str, Any]:
+        return {"refit_every": self.refit_every}
+
+    @abstractmethod
+    def candidates(self, kind: str) -> Sequence[Candidate]:
+        """Fits to try for series ``kind`` (``"price"`` or ``"available"``), best first."""
+
+    def rank(self, kind: str, pool: str, y: np.ndarray) -> list[Candidate]:
+        """The order to try the candidates in on series ``y``; :class:`AutoForecaster` backtests."""
+        return list(self.candidates(kind))
+
+    def needs_ranking(self, state: SeriesState, n: int) -> bool:
+        """Whether the ranking made at ``state.ranked_at`` slots is stale at ``n`` slots."""
+        return False
+
+    def forecast(self, past: SlotMarket, horizon: int) -> Forecast:
+        check_request(past, horizon)
+        check_history(past)
+        prices, counts, labels = [], [], []
+        for m, pool in enumerate(past.pools):
+            key = (past.start, past.slot_hours, pool)
+            price, price_label = self._series(key + (PRICE,), PRICE, pool, past.spot_price[:, m].astype(float), horizon)
+            y = past.available[:, m].astype(float)
+            count, count_label = self._series(key + (AVAILABLE,), AVAILABLE, pool, y, horizon)
+            prices.append(_clip(price, 0.0, np.inf))
+            counts.append((_clip(count, 0.0, float(y.max())), int(y.max())))
+            labels.append(f"{price_label}+{count_label}")
+        top = max(c for _, c in counts)
+        distribution = np.zeros((horizon, len(counts), top + 1))
+        for m, (count, pool_top) in enumerate(counts):
+            dist = count.distribution
+            if dist is None or dist.shape[1] != pool_top + 1:
+                dist = count_distribution(count.mean, count.lower, count.upper, pool_top)
+            distribution[:, m, : pool_top + 1] = dist / dist.sum(axis=1, keepdims=True)
+        return Forecast(
+            spot_price=np.column_stack([p.mean for p in prices]),
+            available=np.column_stack([c.mean for c, _ in counts]),
+            spot_price_interval=(
+                np.column_stack([p.lower for p in prices]),
+                np.column_stack([p.upper for p in prices]),
+            ),
+            available_interval=(
+                np.column_stack([c.lower for c, _ in counts]),
+                np.column_stack([c.upper for c, _ in counts]),
+            ),
+            available_distribution=distribution,
+            models=tuple(labels),
+        )
+
+    def _series(
+        self, key: tuple[Any, ...], kind: str, pool: str, y: np.ndarray, horizon: int
+    ) -> tuple[SeriesForecast, str]:
+        """One series' forecast and the label of the model behind it, refitting only when due."""
+        n = y.size
+        cached = self._cache.get(key)
+        if cached is not None and not _extends(y, cached.history):
+            cached = None
+        if cached is not None and self.needs_ranking(cached, n):
+            cached = None
+        if cached is not None and n - cached.fitted_at < self.refit_every:
+            try:
+                fitted = cached.fitted.update(y)
+                result = fitted.forecast(horizon)
+                if result.is_finite():
+                    cached.history, cached.fitted = y.copy(), fitted
+                    return result, fitted.label
+                reason = "non-finite values"
+            except Exception as error:  # noqa: BLE001 - any model failure falls back to a refit
+                reason = f"{type(error).__name__}: {error}"
+            logger.warning("pool %s %s: updating %s failed (%s); refitting", pool, kind, cached.fitted.label, reason)
+        ranking, ranked_at = (cached.ranking, cached.ranked_at) if cached else (self.rank(kind, pool, y), n)
+        for candidate in ranking:
+            try:
+                fitted = candidate.fit(y)
+                result = fitted.forecast(horizon)
+                if result.is_finite():
+                    self._cache[key] = SeriesState(y.copy(), fitted, n, ranking, ranked_at)
+                    return result, fitted.label
+                reason = "non-finite values"
+            except Exception as error:  # noqa: BLE001 - any model failure falls back to the next model
+                reason = f"{type(error).__name__}: {error}"
+            name = candidate.name
+            logger.warning("pool %s %s: %s gave no forecast (%s); trying the next model", pool, kind, name, reason)
+        raise FitError(f"pool {pool!r}: no model could forecast its {kind} series")
+
+
+def _extends(y: np.ndarray, seen: np.ndarray) -> bool:
+    """Whether ``y`` starts with exactly ``seen``: the same history with newer slots appended."""
+    return y.size >= seen.size and np.array_equal(y[: seen.size], seen)
+
+
+def _clip(result: SeriesForecast, low: float, high: float) -> SeriesForecast:
+    """The forecast inside [low, high], its interval kept around the point."""
+    mean = np.clip(result.mean, low, high)
+    return SeriesForecast(
+        mean,
+        np.minimum(np.clip(result.lower, low, high), mean),
+        np.maximum(np.clip(result.upper, low, high), mean),
+        result.distribution,
+    )
+
+
+__all__ = [
+    "AVAILABLE",
+    "PRICE",
+    "Candidate",
+    "FitError",
+    "FittedSeries",
+    "LaggedCopy",
+    "SeriesForecast",
+    "SeriesForecaster",
+    "SeriesState",
+    "check_history",
+    "check_int",
+    "count_distribution",
+    "fit_persistence",
+    "seasonal_naive_fit",
+    "seasonal_strength",
+    "single_threaded",
+]

@@ -1,0 +1,339 @@
+"""The statistical forecasters (ARIMA, Holt-Winters, Markov count chain, automatic choice) on small markets."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from statsmodels.tsa.exponential_smoothing.ets import ETSModel
+from statsmodels.tsa.statespace.sarimax import SARIMAX
+
+from airflow_provider_spotsched.forecast import arima, exponential_smoothing, make_forecaster
+from airflow_provider_spotsched.forecast.arima import ArimaForecaster, FittedArima, fit_arima
+from airflow_provider_spotsched.forecast.auto import AutoForecaster
+from airflow_provider_spotsched.forecast.exponential_smoothing import FittedSmoothing, fit_holt_winters
+from airflow_provider_spotsched.forecast.markov_count import MarkovCount, MarkovCountForecaster
+from airflow_provider_spotsched.forecast.series import (
+    FitError,
+    FittedSeries,
+    SeriesForecast,
+    count_distribution,
+    seasonal_strength,
+)
+from tests.markets import make_market
+
+NAMES = ["arima", "holt-winters", "markov-count", "auto"]
+SEASON = 6  # a short "day" keeps the seasonal fits small and the tests fast
+PARAMS = {
+    "arima": {"season_slots": SEASON},
+    "holt-winters": {"season_slots": SEASON},
+    "markov-count": {},
+    "auto": {"season_slots": SEASON, "backtest_horizon": SEASON},
+}
+SLOTS = 96
+T = np.arange(SLOTS)
+RNG = np.random.default_rng(3)
+# pool 0: a price with a "daily" cycle, counts 0..4 with the same rhythm; pool 1: a constant price
+# (like GCP) whose counts fall into a hole (0, at the last price) for slots 40..45; pool 2: a random
+# walk, 0/1 counts
+PRICES = np.column_stack([
+    2.0 + 0.2 * np.sin(2 * np.pi * T / SEASON) + 0.02 * RNG.standard_normal(SLOTS),
+    np.full(SLOTS, 2.3724),
+    1.0 + np.cumsum(0.01 * RNG.standard_normal(SLOTS)),
+])
+COUNTS = np.column_stack([
+    np.clip(np.rint(2 + 2 * np.sin(2 * np.pi * T / SEASON) + 0.5 * RNG.standard_normal(SLOTS)), 0, 4),
+    np.where((T >= 40) & (T < 46), 0, 16 - (T % 7 == 0)),
+    (RNG.random(SLOTS) < 0.7).astype(int),
+]).astype(int)
+MARKET = make_market(PRICES, COUNTS)
+
+
+def build(name: str, **params):
+    return make_forecaster(name, {**PARAMS[name], **params})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forecasts_are_finite_consistent_and_inside_the_counts_seen(name):
+    forecast = build(name).forecast(MARKET.prefix(80), 12)
+    assert forecast.spot_price.shape == forecast.available.shape == (12, 3)
+    assert len(forecast.models) == 3 and all("+" in label for label in forecast.models)
+    pairs = [(forecast.spot_price, forecast.spot_price_interval), (forecast.available, forecast.available_interval)]
+    for point, (lower, upper) in pairs:
+        assert np.isfinite(point).all() and np.isfinite(lower).all() and np.isfinite(upper).all()
+        assert (lower <= point + 1e-9).all() and (point <= upper + 1e-9).all()
+    top = MARKET.prefix(80).available.max(axis=0)
+    assert (forecast.available >= 0).all() and (forecast.available <= top + 1e-9).all()
+    assert (forecast.available_interval[1] <= top + 1e-9).all() and (forecast.spot_price >= 0).all()
+    dist = forecast.available_distribution
+    assert dist.shape == (12, 3, top.max() + 1)
+    np.testing.assert_allclose(dist.sum(axis=2), 1.0)
+    assert (dist[:, 2, 2:] == 0).all()  # a pool never holds more than it has been seen to hold
+    at_least = np.stack([forecast.p_available_at_least(n) for n in range(top.max() + 2)])
+    assert (np.diff(at_least, axis=0) <= 1e-12).all() and np.allclose(at_least[0], 1.0)
+
+
+def test_the_new_forecasters_are_built_by_name_with_their_parameters():
+    assert isinstance(make_forecaster("arima", {"criterion": "bic", "refit_every": 6}), ArimaForecaster)
+    assert make_forecaster("markov-count", {"smoothing": 0.5}).params()["smoothing"] == 0.5
+    assert make_forecaster("auto", {"reselect_every": 48}).params()["reselect_every"] == 48
+    with pytest.raises(ValueError, match="takes no parameter"):
+        make_forecaster("holt-winters", {"criterion": "aic"})
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("arima", {"criterion": "hqic"}, "criterion must be one of"),
+        ("arima", {"refit_every": 0}, "refit_every must be an integer >= 1"),
+        ("holt-winters", {"season_slots": 2.5}, "season_slots must be an integer >= 1"),
+        ("markov-count", {"smoothing": 0}, "smoothing must be a number > 0"),
+        ("auto", {"origins": 0}, "origins must be an integer >= 1"),
+        ("auto", {"backtest_horizon": True}, "backtest_horizon must be an integer >= 1"),
+        ("auto", {"margin": 1.0}, "margin must be a number in"),
+    ],
+)
+def test_bad_parameters_are_refused_by_name(name, params, message):
+    with pytest.raises(ValueError, match=message):
+        make_forecaster(name, params)
+
+
+@pytest.mark.parametrize("fit", [fit_arima, fit_holt_winters, lambda y: MarkovCount(y, 1.0)])
+def test_a_constant_series_forecasts_itself_with_a_zero_width_interval_and_no_warnings(fit):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fitted = fit(np.full(60, 7.0))
+        result = fitted.update(np.full(62, 7.0)).forecast(24)
+    np.testing.assert_allclose(result.mean, 7.0)
+    np.testing.assert_allclose(result.lower, 7.0)
+    np.testing.assert_allclose(result.upper, 7.0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_hole_in_the_data_is_forecast_like_any_other_slot(name):
+    # pool 1 has been in a hole (0 available at the constant price) for the last 4 slots
+    forecast = build(name).forecast(MARKET.prefix(44), 6)
+    np.testing.assert_allclose(forecast.spot_price[:, 1], 2.3724)
+    assert np.isfinite(forecast.available).all() and (forecast.available[:, 1] <= 16).all()
+    assert forecast.p_available_at_least(1)[:, 1].min() < 1.0  # the hole may go on
+
+
+BAD = [
+    (np.nan, 1, "all 8 spot prices are NaN or infinite"),
+    (-0.5, 1, "spot price -0.5 in slot 0 is negative"),
+    (1.0, -1, "available counts must be whole numbers >= 0"),
+    (1.0, 0.5, "available counts must be whole numbers >= 0"),
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("price", "count", "message"), BAD)
+def test_bad_data_is_refused_naming_the_pool(name, price, count, message):
+    prices = np.array([[price, 1.0]] * 8)
+    counts = np.array([[count, 1]] * 8, dtype=float)
+    market = make_market(prices, counts.astype(np.int64))
+    market = type(market)(market.pools, market.start, 1.0, prices, counts, 3.0)
+    with pytest.raises(ValueError, match=f"pool 'pool-0': .*{message}"):
+        build(name).forecast(market, 3)
+
+
+def test_a_few_nan_prices_are_counted_in_the_error():
+    prices = np.array([[1.0]] * 8)
+    prices[3] = np.nan
+    with pytest.raises(ValueError, match="1 of 8 spot prices are NaN"):
+        build("auto").forecast(make_market(prices, [[1]] * 8), 3)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_empty_history_is_refused(name):
+    with pytest.raises(ValueError, match="past holds no slot"):
+        build(name).forecast(MARKET.prefix(0), 3)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_single_slot_falls_back_to_persistence_with_a_logged_reason(name, caplog):
+    caplog.set_level(logging.WARNING)
+    forecast = build(name).forecast(MARKET.prefix(1), 4)
+    assert forecast.models == ("persistence+persistence",) * 3
+    np.testing.assert_allclose(forecast.spot_price, np.repeat(MARKET.spot_price[:1], 4, axis=0))
+    np.testing.assert_allclose(forecast.available, np.repeat(MARKET.available[:1], 4, axis=0))
+    if name != "auto":  # auto ranks persistence first on a history too short to backtest
+        assert "needs at least" in caplog.text
+
+
+class Broken(FittedSeries):
+    """A model whose forecasts are NaN."""
+
+    label = "broken"
+
+    def update(self, history: np.ndarray) -> "Broken":
+        return self
+
+    def forecast(self, horizon: int) -> SeriesForecast:
+        nan = np.full(horizon, np.nan)
+        return SeriesForecast(nan, nan, nan)
+
+
+def test_a_failing_fit_falls_back_to_the_next_model_with_a_logged_reason(monkeypatch, caplog):
+    def fail(y, season=24, criterion="aic"):
+        raise np.linalg.LinAlgError("singular matrix")
+
+    monkeypatch.setattr(arima, "fit_arima", fail)
+    caplog.set_level(logging.WARNING)
+    forecast = build("arima").forecast(MARKET.prefix(60), 6)
+    assert forecast.models == ("persistence+persistence",) * 3
+    assert "arima gave no forecast (LinAlgError: singular matrix)" in caplog.text
+    auto = build("auto").forecast(MARKET.prefix(80), 6)
+    assert np.isfinite(auto.spot_price).all() and not any(label.startswith("arima") for label in auto.models)
+    assert "arima failed in the backtest (LinAlgError: singular matrix)" in caplog.text
+
+
+def test_a_model_that_forecasts_nan_is_replaced(monkeypatch, caplog):
+    monkeypatch.setattr(exponential_smoothing, "fit_holt_winters", lambda y, season=24: Broken())
+    caplog.set_level(logging.WARNING)
+    forecast = build("holt-winters").forecast(MARKET.prefix(30), 6)
+    assert forecast.models == ("persistence+persistence",) * 3 and np.isfinite(forecast.available).all()
+    assert "holt-winters gave no forecast (non-finite values)" in caplog.text
+
+
+def test_a_non_converging_fit_is_dropped(monkeypatch):
+    monkeypatch.setattr(arima, "fit_order", lambda z, order, seasonal: None)
+    with pytest.raises(FitError, match=r"no ARIMA order of \(0,\d,0\), .* converged"):
+        fit_arima(PRICES[:, 0])
+
+
+def spy(monkeypatch, module, name):
+    """Count the calls of ``module.name``."""
+    calls = []
+    original = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[0]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_fits_are_reused_between_scheduled_refits(monkeypatch):
+    calls = spy(monkeypatch, arima, "fit_arima")
+    forecaster = build("arima", refit_every=3)
+    first = forecaster.forecast(MARKET.prefix(40), 6)
+    assert calls == [40] * 6  # price and availability of 3 pools
+    forecaster.forecast(MARKET.prefix(41), 6)
+    forecaster.forecast(MARKET.prefix(42), 6)
+    assert len(calls) == 6  # updated, not refitted
+    forecaster.forecast(MARKET.prefix(43), 6)
+    assert calls[6:] == [43] * 6  # refit_every slots on: refitted
+    again = forecaster.forecast(MARKET.prefix(40), 6)  # not an extension of what it saw: fitted afresh
+    assert calls[12:] == [40] * 6
+    np.testing.assert_allclose(again.spot_price, first.spot_price)
+
+
+def test_auto_reselects_on_its_schedule_and_updates_in_between(monkeypatch):
+    calls = spy(monkeypatch, exponential_smoothing, "fit_holt_winters")
+    forecaster = AutoForecaster(refit_every=4, reselect_every=8, origins=2, backtest_horizon=24, season_slots=SEASON)
+    forecaster.forecast(MARKET.prefix(80), 6)
+    # origins at 56 (80 - 24) and 44, which leaves too little to fit on: each series backtests once
+    assert calls.count(56) == 6 and set(calls) <= {56, 80}
+    selected = len(calls)
+    forecaster.forecast(MARKET.prefix(81), 6)
+    assert len(calls) == selected  # updated, not refitted
+    forecaster.forecast(MARKET.prefix(88), 6)
+    assert calls.count(52) == 6  # reselected after 8 slots: origins 52 and 64, fitted at the first
+
+
+def test_no_peeking_the_forecast_ignores_slots_after_now():
+    mixed = make_market(np.vstack([PRICES[:50], 3 * PRICES[50:]]), np.vstack([COUNTS[:50], COUNTS[::-1][50:]]))
+    for name in NAMES:
+        reference = build(name).forecast(MARKET.prefix(50), 8)
+        forecast = build(name).forecast(mixed.prefix(50), 8)
+        np.testing.assert_array_equal(forecast.spot_price, reference.spot_price)
+        np.testing.assert_array_equal(forecast.available_distribution, reference.available_distribution)
+    assert not np.array_equal(mixed.spot_price[50:], MARKET.spot_price[50:])
+
+
+def auto_choice(prices: np.ndarray) -> str:
+    market = make_market(prices[:, None], np.ones((prices.size, 1), dtype=int))
+    return build("auto").forecast(market, 6).models[0].split("+")[0]
+
+
+def test_auto_picks_persistence_on_a_random_walk():
+    walk = 5.0 + np.cumsum(0.05 * np.random.default_rng(0).standard_normal(80))
+    assert auto_choice(walk) == "persistence"
+
+
+def test_auto_picks_a_seasonal_model_on_a_daily_cycle():
+    hours = np.arange(80)
+    daily = 2.0 + np.sin(2 * np.pi * hours / SEASON) + 0.05 * np.random.default_rng(1).standard_normal(80)
+    choice = auto_choice(daily)
+    assert choice == "seasonal-naive" or choice.startswith("sarima") or choice.endswith(",A)")
+
+
+def test_arima_update_and_forecast_match_statsmodels():
+    y = PRICES[:72, 2]
+    z = (y - y.mean()) / y.std()
+    results = SARIMAX(z[:60], order=(1, 1, 0)).fit(disp=False)  # sigma2 a parameter: extend keeps it
+    fitted = FittedArima(results, "arima(1,1,0)", y.mean(), y.std(), 60).update(y)
+    expected = results.extend(z[60:]).get_forecast(10)
+    ours = fitted.forecast(10)
+    bounds = expected.conf_int(alpha=0.2)
+    np.testing.assert_allclose(ours.mean, y.mean() + y.std() * expected.predicted_mean, rtol=1e-8)
+    np.testing.assert_allclose(ours.lower, y.mean() + y.std() * bounds[:, 0], rtol=1e-8)
+    np.testing.assert_allclose(ours.upper, y.mean() + y.std() * bounds[:, 1], rtol=1e-8)
+
+
+def test_holt_winters_update_and_forecast_match_statsmodels():
+    y = PRICES[:, 0]
+    # estimated initial states are parameters, so smoothing the longer series starts from the same ones
+    spec = dict(error="add", trend="add", damped_trend=True, seasonal="add", seasonal_periods=SEASON)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = ETSModel(pd.Series(y[:72]), **spec).fit(disp=False)
+        longer = ETSModel(pd.Series(y), **spec).smooth(results.params)
+    fitted = FittedSmoothing.from_results(results, 0.0, 1.0, 72).update(y)
+    fitted.sigma = np.sqrt(longer.scale)  # statsmodels re-estimates the error variance on the longer series
+    frame = longer.get_prediction(start=SLOTS, end=SLOTS + 29).summary_frame(alpha=0.2)
+    ours = fitted.forecast(30)
+    np.testing.assert_allclose(ours.mean, frame["mean"], rtol=1e-8)
+    np.testing.assert_allclose(ours.lower, frame["pi_lower"], rtol=1e-6)
+    np.testing.assert_allclose(ours.upper, frame["pi_upper"], rtol=1e-6)
+
+
+def test_the_markov_chain_counts_moves_with_additive_smoothing():
+    chain = MarkovCount(np.array([0, 1, 1, 2, 1, 1.0]), smoothing=1.0)
+    # moves: 0->1, 1->1 (twice), 1->2, 2->1; a row gets 1/3 pseudo-move per state
+    np.testing.assert_allclose(chain.transition_matrix()[1], [1 / 3 / 4, (2 + 1 / 3) / 4, (1 + 1 / 3) / 4])
+    np.testing.assert_allclose(chain.transition_matrix().sum(axis=1), 1.0)
+    result = chain.forecast(3)
+    np.testing.assert_allclose(result.distribution[0], chain.transition_matrix()[1])
+    np.testing.assert_allclose(result.mean, result.distribution @ np.arange(3))
+    gappy = MarkovCount(np.array([0, 4, 4, 0, 4.0]), smoothing=1.0)
+    assert (gappy.forecast(5).distribution[:, 1:4] == 0).all()  # counts never seen get no mass
+    updated = chain.update(np.array([0, 1, 1, 2, 1, 1, 3, 0.0]))
+    np.testing.assert_array_equal(updated.moves, MarkovCount(np.array([0, 1, 1, 2, 1, 1, 3, 0.0]), 1.0).moves)
+
+
+def test_markov_count_gives_the_probability_of_at_least_n():
+    forecast = MarkovCountForecaster().forecast(MARKET.prefix(60), 4)
+    assert forecast.models[0] == "persistence+markov-count"
+    dist = forecast.available_distribution[:, 0, :5]
+    np.testing.assert_allclose(forecast.p_available_at_least(3)[:, 0], dist[:, 3:].sum(axis=1))
+    np.testing.assert_allclose(forecast.available[:, 0], dist @ np.arange(5))
+
+
+def test_count_distribution_matches_the_interval_and_keeps_a_certain_point():
+    dist = count_distribution(np.array([5.0, 2.5]), np.array([3.0, 2.5]), np.array([7.0, 2.5]), 10)
+    np.testing.assert_allclose(dist.sum(axis=1), 1.0)
+    assert dist[0, 3:8].sum() > 0.75 and dist[0, 5] == dist[0].max()
+    np.testing.assert_allclose(dist[1, 2:4], [0.5, 0.5])
+
+
+def test_seasonal_strength_separates_a_daily_cycle_from_noise():
+    hours = np.arange(96)
+    assert seasonal_strength(np.sin(2 * np.pi * hours / 24), 24) > 0.95
+    assert seasonal_strength(np.random.default_rng(2).standard_normal(240), 24) < 0.2
+    assert seasonal_strength(np.ones(30), 24) == 0.0  # less than two seasons
