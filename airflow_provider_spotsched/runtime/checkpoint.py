@@ -1,0 +1,203 @@
+"""Checkpoints: written atomically, checksummed, the last K kept, a corrupt one skipped on load.
+
+Layout under the job's URI (a local directory, or an fsspec URL such as ``s3://`` or ``gs://``)::
+
+    checkpoints/ckpt-000000120/state.pt       torch.save of the training state
+    checkpoints/ckpt-000000120/manifest.json  {"sha256", "bytes", "step", "samples_done", ...}
+
+The payload is written first and the manifest last, so a checkpoint without a manifest is partial
+(its writer died) and is ignored. On a local disk each file is written to a temporary name,
+fsynced and renamed into place (then the directory is fsynced), so a crash leaves either the old
+file or the new one plus a ``*.tmp-*`` leftover that is ignored and cleaned. Object stores write
+an object all or nothing, which gives the same guarantee. On load the newest checkpoint whose
+payload matches its manifest's SHA-256 wins; a corrupt or partial one is reported and the
+previous one is used. The payload is a pickle the runtime wrote itself (checked by its checksum
+before it is unpickled): point a job only at checkpoint storage you control.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import fsspec
+import torch
+from fsspec.implementations.local import LocalFileSystem
+
+CHECKPOINTS = "checkpoints"
+PAYLOAD = "state.pt"
+MANIFEST = "manifest.json"
+TEMP_MARK = ".tmp-"
+NAME = re.compile(r"^ckpt-(\d{9})$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:09d}"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A checkpoint that passed its checksum, with the ones skipped on the way (newest first)."""
+
+    name: str
+    state: dict[str, Any]
+    skipped: tuple[str, ...]  # "ckpt-...: why" for every newer checkpoint that was unusable
+
+
+class CheckpointStore:
+    """The job's storage: checkpoints, plus the small files (progress.json) and the final adapter."""
+
+    def __init__(self, uri: str, keep: int = 3, log: Callable[[str], None] | None = None) -> None:
+        self.uri = uri
+        self.fs, self.root = fsspec.core.url_to_fs(uri)
+        self.root = self.root.rstrip("/")
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.keep = keep
+        self.log = log or (lambda message: None)
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def write_bytes(self, relative: str, data: bytes) -> None:
+        """Write one file all or nothing (local: temp name, fsync, rename, fsync the directory)."""
+        target = self.path(relative)
+        parent = target.rsplit("/", 1)[0]
+        if not self.local:
+            self.fs.pipe_file(target, data)
+            return
+        os.makedirs(parent, exist_ok=True)
+        temporary = f"{target}{TEMP_MARK}{uuid.uuid4().hex[:8]}"
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+        directory = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def write_json(self, relative: str, payload: dict[str, Any]) -> None:
+        self.write_bytes(relative, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
+
+    def save(self, step: int, state: dict[str, Any], **manifest_extra: Any) -> str:
+        """Save ``state`` as the checkpoint of ``step`` (payload, then manifest); prune to the last K."""
+        name = checkpoint_name(step)
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        manifest_path = self.path(CHECKPOINTS, name, MANIFEST)
+        if self.fs.exists(manifest_path):  # re-saving a step: invalidate first, never mix old and new
+            self.fs.rm(manifest_path)
+        self.write_bytes(f"{CHECKPOINTS}/{name}/{PAYLOAD}", data)
+        manifest = {"name": name, "step": step, "payload": PAYLOAD, "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(), "created": utc_now(), **manifest_extra}
+        self.write_json(f"{CHECKPOINTS}/{name}/{MANIFEST}", manifest)
+        self.prune()
+        return name
+
+    def put_directory(self, local_dir: str, relative: str) -> None:
+        """Copy a local directory's files (e.g. the final adapter) to ``relative``, each atomically."""
+        for entry in sorted(os.listdir(local_dir)):
+            source = os.path.join(local_dir, entry)
+            if os.path.isfile(source):
+                with open(source, "rb") as handle:
+                    self.write_bytes(f"{relative}/{entry}", handle.read())
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """Checkpoint directories (complete or not), newest step first."""
+        try:
+            entries = self.fs.ls(self.path(CHECKPOINTS), detail=False)
+        except FileNotFoundError:
+            return []
+        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries]
+        return sorted((n for n in names if NAME.match(n)), reverse=True)
+
+    def _verify(self, name: str) -> dict[str, Any]:
+        """The manifest of a complete checkpoint whose payload matches it; ValueError says why not."""
+        try:
+            manifest = json.loads(self.fs.cat_file(self.path(CHECKPOINTS, name, MANIFEST)))
+        except FileNotFoundError:
+            raise ValueError("no manifest (partial checkpoint: its writer stopped before finishing)") from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"unreadable manifest ({error})") from None
+        try:
+            data = self.fs.cat_file(self.path(CHECKPOINTS, name, manifest["payload"]))
+        except FileNotFoundError:
+            raise ValueError("payload missing") from None
+        if len(data) != manifest["bytes"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            raise ValueError(f"checksum mismatch ({len(data)} bytes read, {manifest['bytes']} expected): corrupt")
+        manifest["_data"] = data
+        return manifest
+
+    def latest_valid(self) -> tuple[str | None, tuple[str, ...]]:
+        """The newest checkpoint that passes its checksum (None if none), and the skipped ones."""
+        skipped = []
+        for name in self.names():
+            try:
+                self._verify(name)
+            except ValueError as why:
+                skipped.append(f"{name}: {why}")
+                self.log(f"checkpoint {name} skipped: {why}")
+                continue
+            return name, tuple(skipped)
+        return None, tuple(skipped)
+
+    def load(self, name: str) -> dict[str, Any]:
+        """The state of checkpoint ``name``, checksum verified."""
+        data = self._verify(name)["_data"]
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+    def load_latest(self) -> Loaded | None:
+        name, skipped = self.latest_valid()
+        return None if name is None else Loaded(name, self.load(name), skipped)
+
+    # -- housekeeping --------------------------------------------------------------------------
+
+    def prune(self) -> None:
+        """Keep the newest K complete checkpoints; drop older ones and partial ones older than them."""
+        complete = [n for n in self.names() if self.fs.exists(self.path(CHECKPOINTS, n, MANIFEST))]
+        for name in complete[self.keep:]:
+            self.fs.rm(self.path(CHECKPOINTS, name), recursive=True)
+        if complete:
+            oldest_kept = complete[: self.keep][-1]
+            for name in self.names():
+                if name < oldest_kept and name not in complete:
+                    self.fs.rm(self.path(CHECKPOINTS, name), recursive=True)
+
+    def clean_leftovers(self) -> list[str]:
+        """Remove temporary files and partial checkpoints left by a crashed writer (rank 0, at start)."""
+        removed = []
+        for name in self.names():
+            directory = self.path(CHECKPOINTS, name)
+            if not self.fs.exists(self.path(CHECKPOINTS, name, MANIFEST)):
+                self.fs.rm(directory, recursive=True)
+                removed.append(name)
+                continue
+            for entry in self.fs.ls(directory, detail=False):
+                if TEMP_MARK in entry.rsplit("/", 1)[-1]:
+                    self.fs.rm(entry)
+                    removed.append(entry.rsplit("/", 1)[-1])
+        if self.fs.exists(self.root):
+            for entry in self.fs.ls(self.root, detail=False):
+                if TEMP_MARK in entry.rsplit("/", 1)[-1]:
+                    self.fs.rm(entry)
+                    removed.append(entry.rsplit("/", 1)[-1])
+        return removed
+

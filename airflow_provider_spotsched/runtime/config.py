@@ -1,0 +1,235 @@
+"""The training job's configuration (CONFIG.json): validated once, with errors naming the field.
+
+Work is counted in training samples consumed globally (the scheduling model's work units), so a
+job's progress does not depend on how many workers run it. ``steps`` is accepted instead of
+``samples`` as a shorthand for ``steps * batch_size`` (steps of a single worker).
+
+A step consumes ``batch_size`` samples per worker (the global batch grows with the world size),
+unless ``global_batch_size`` fixes it: then every step takes that many samples whatever the world
+size, each worker its share in micro-batches of ``batch_size`` (gradient accumulation), so a
+world-size change leaves the training trajectory unchanged up to float summation order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+BUILTIN_MODEL = "builtin:tiny-gpt2"
+BUILTIN_DATASET = "builtin:synthetic-stories"
+
+
+class ConfigError(ValueError):
+    """CONFIG.json is invalid; the message names the field and how to fix it."""
+
+
+def _number(raw: Mapping[str, Any], name: str, default: float | None, *, minimum: float | None = None,
+            strict_minimum: bool = False, integer: bool = False, prefix: str = "") -> Any:
+    value = raw.get(name, default)
+    label = f"{prefix}{name}"
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
+        raise ConfigError(f"{label} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{label} must be finite, got {value!r}")
+    if minimum is not None and (value <= minimum if strict_minimum else value < minimum):
+        raise ConfigError(f"{label} must be {'>' if strict_minimum else '>='} {minimum}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    section = raw.get(name)
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{name} must be a JSON object, got {section!r}")
+    return section
+
+
+def _reject_unknown(raw: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"unknown field(s) {unknown} in {where}; known fields: {sorted(known)}")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter shape; ``target_modules`` None lets peft pick the model type's default."""
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> LoraSettings:
+        _reject_unknown(raw, {f.name for f in fields(cls)}, "lora")
+        targets = raw.get("target_modules")
+        if targets is not None and (not isinstance(targets, list) or not targets
+                                    or not all(isinstance(t, str) and t for t in targets)):
+            raise ConfigError(f"lora.target_modules must be a non-empty list of module names, got {targets!r}")
+        dropout = _number(raw, "dropout", 0.0, minimum=0.0, prefix="lora.")
+        if dropout >= 1:
+            raise ConfigError(f"lora.dropout must be < 1, got {dropout!r}")
+        return cls(
+            r=_number(raw, "r", 8, minimum=1, integer=True, prefix="lora."),
+            alpha=_number(raw, "alpha", 16.0, minimum=0.0, strict_minimum=True, prefix="lora."),
+            dropout=dropout,
+            target_modules=tuple(targets) if targets else None,
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """How often to checkpoint (Young/Daly inside [min, max]) and how many checkpoints to keep."""
+
+    keep: int = 3
+    min_interval_s: float = 10.0
+    max_interval_s: float = 600.0
+    cost_s: float | None = None  # measured from the runtime's own saves when None
+    mtbp_hours: float | None = None  # no forecast: checkpoint every max_interval_s
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> CheckpointSettings:
+        _reject_unknown(raw, {f.name for f in fields(cls)}, "checkpoint")
+        settings = cls(
+            keep=_number(raw, "keep", 3, minimum=1, integer=True, prefix="checkpoint."),
+            min_interval_s=_number(raw, "min_interval_s", 10.0, minimum=0.0, prefix="checkpoint."),
+            max_interval_s=_number(raw, "max_interval_s", 600.0, minimum=0.0, strict_minimum=True,
+                                   prefix="checkpoint."),
+            cost_s=_number(raw, "cost_s", None, minimum=0.0, prefix="checkpoint."),
+            mtbp_hours=_number(raw, "mtbp_hours", None, minimum=0.0, strict_minimum=True, prefix="checkpoint."),
+        )
+        if settings.min_interval_s > settings.max_interval_s:
+            raise ConfigError(
+                f"checkpoint.min_interval_s ({settings.min_interval_s}) must not exceed "
+                f"checkpoint.max_interval_s ({settings.max_interval_s})"
+            )
+        return settings
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """Divergence guard: what counts as an exploding loss and how often it may roll back."""
+
+    explode_factor: float = 4.0  # loss > factor x median of the recent window
+    window: int = 20  # recent losses the median is taken over (needs window // 2 to judge)
+    max_rollbacks: int = 3
+    lr_backoff: float = 0.5  # the learning rate is multiplied by this at every rollback
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> GuardSettings:
+        _reject_unknown(raw, {f.name for f in fields(cls)}, "guard")
+        backoff = _number(raw, "lr_backoff", 0.5, minimum=0.0, strict_minimum=True, prefix="guard.")
+        if backoff > 1:
+            raise ConfigError(f"guard.lr_backoff must be in (0, 1], got {backoff!r}")
+        return cls(
+            explode_factor=_number(raw, "explode_factor", 4.0, minimum=1.0, strict_minimum=True, prefix="guard."),
+            window=_number(raw, "window", 20, minimum=2, integer=True, prefix="guard."),
+            max_rollbacks=_number(raw, "max_rollbacks", 3, minimum=0, integer=True, prefix="guard."),
+            lr_backoff=backoff,
+        )
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """Fault-injection options for tests and drills (never set in production).
+
+    ``nan_loss_at_steps``: the loss of these optimizer steps is replaced by NaN, once per
+    process, to exercise the divergence guard. ``step_sleep_s``: sleep this long in every step,
+    to stretch a short job in wall time (preemption drills on a fast machine).
+    """
+
+    nan_loss_at_steps: tuple[int, ...] = ()
+    step_sleep_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> FaultInjection:
+        _reject_unknown(raw, {f.name for f in fields(cls)}, "fault_injection")
+        steps = raw.get("nan_loss_at_steps", [])
+        if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
+                                                  for s in steps):
+            raise ConfigError(f"fault_injection.nan_loss_at_steps must be a list of step numbers >= 1, got {steps!r}")
+        return cls(tuple(steps), _number(raw, "step_sleep_s", 0.0, minimum=0.0, prefix="fault_injection."))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training job needs besides its checkpoint URI (see docs/runtime.md)."""
+
+    samples: int
+    model: str = BUILTIN_MODEL
+    dataset: str = BUILTIN_DATASET
+    batch_size: int = 8  # per worker: samples per step, or per micro-batch with global_batch_size
+    global_batch_size: int | None = None  # fixed samples per step at any world size (elastic-invariant)
+    micro_batch_size: int | None = None  # gradient-accumulation chunk; None = batch_size
+    seq_len: int = 64
+    lr: float = 2e-3
+    warmup_fraction: float = 0.05
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    log_every_steps: int = 10
+    max_step_seconds: float | None = None  # bound on the time between two preemption checks
+    threads: int | None = None  # torch threads per worker; None = $SPOTSCHED_THREADS or 1 on CPU
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    guard: GuardSettings = field(default_factory=GuardSettings)
+    fault_injection: FaultInjection = field(default_factory=FaultInjection)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> TrainConfig:
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"the config must be a JSON object, got {type(raw).__name__}")
+        _reject_unknown(raw, {f.name for f in fields(cls)} | {"steps"}, "the config")
+        batch_size = _number(raw, "batch_size", 8, minimum=1, integer=True)
+        if ("samples" in raw) == ("steps" in raw):
+            raise ConfigError("give exactly one of samples (total training samples, the job's work) "
+                              "or steps (optimizer steps of one worker: samples = steps * batch_size)")
+        samples = (_number(raw, "samples", None, minimum=1, integer=True) if "samples" in raw
+                   else _number(raw, "steps", None, minimum=1, integer=True) * batch_size)
+        for name in ("model", "dataset"):
+            if name in raw and (not isinstance(raw[name], str) or not raw[name]):
+                raise ConfigError(f"{name} must be a non-empty string, got {raw[name]!r}")
+        global_batch = _number(raw, "global_batch_size", None, minimum=1, integer=True)
+        micro = _number(raw, "micro_batch_size", None, minimum=1, integer=True)
+        if micro is not None and micro > batch_size:
+            raise ConfigError(f"micro_batch_size ({micro}) must not exceed batch_size ({batch_size})")
+        warmup = _number(raw, "warmup_fraction", 0.05, minimum=0.0)
+        if warmup >= 1:
+            raise ConfigError(f"warmup_fraction must be < 1, got {warmup!r}")
+        return cls(
+            samples=samples,
+            model=raw.get("model", BUILTIN_MODEL),
+            dataset=raw.get("dataset", BUILTIN_DATASET),
+            batch_size=batch_size,
+            global_batch_size=global_batch,
+            micro_batch_size=micro,
+            seq_len=_number(raw, "seq_len", 64, minimum=2, integer=True),
+            lr=_number(raw, "lr", 2e-3, minimum=0.0, strict_minimum=True),
+            warmup_fraction=warmup,
+            weight_decay=_number(raw, "weight_decay", 0.0, minimum=0.0),
+            max_grad_norm=_number(raw, "max_grad_norm", 1.0, minimum=0.0, strict_minimum=True),
+            seed=_number(raw, "seed", 0, minimum=0, integer=True),
+            log_every_steps=_number(raw, "log_every_steps", 10, minimum=1, integer=True),
+            max_step_seconds=_number(raw, "max_step_seconds", None, minimum=0.0, strict_minimum=True),
+            threads=_number(raw, "threads", None, minimum=1, integer=True),
+            lora=LoraSettings.from_dict(_section(raw, "lora")),
+            checkpoint=CheckpointSettings.from_dict(_section(raw, "checkpoint")),
+            guard=GuardSettings.from_dict(_section(raw, "guard")),
+            fault_injection=FaultInjection.from_dict(_section(raw, "fault_injection")),
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrainConfig:
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"config file {path} is not valid JSON: {error}") from None
+        return cls.from_dict(raw)

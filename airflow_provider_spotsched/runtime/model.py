@@ -1,0 +1,113 @@
+"""The model and tokenizer a job fine-tunes, and the LoRA wrapping.
+
+``builtin:tiny-gpt2`` is built by the project, never downloaded: a byte-level BPE tokenizer (at
+most 2,000 tokens; the shipped corpus yields 935) trained with ``tokenizers`` on the shipped
+corpus, and a 2-layer, 128-wide GPT-2 (transformers ``GPT2Config``) whose "pretrained" weights
+are its seeded initialisation, saved once (LoRA then fine-tunes on the dataset). Both are a
+deterministic function of the corpus and the constants below, cached under
+``$SPOTSCHED_CACHE_DIR`` (default ``~/.cache/spotsched``) in a directory named by their hash, and
+built atomically so that concurrent workers may race. Any other model string is a local path or
+hub name for ``AutoModelForCausalLM``/``AutoTokenizer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from airflow_provider_spotsched.runtime.config import BUILTIN_DATASET, BUILTIN_MODEL, LoraSettings
+from airflow_provider_spotsched.runtime.data import BUILTIN_DATASETS
+
+TINY_GPT2 = {"vocab_size": 2000, "n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 256, "seed": 1234}
+EOS = "<|endoftext|>"
+# Every linear layer of GPT-2 (peft's own GPT-2 default is c_attn only, too little for a tiny model).
+TINY_GPT2_LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPOTSCHED_CACHE_DIR") or Path.home() / ".cache" / "spotsched")
+
+
+def tiny_gpt2_dir(root: Path | None = None) -> Path:
+    """Where the builtin model lives: named by a hash of the corpus and the build constants."""
+    digest = hashlib.sha256(BUILTIN_DATASETS[BUILTIN_DATASET].read_bytes())
+    digest.update(json.dumps(TINY_GPT2, sort_keys=True).encode())
+    return (root or cache_root()) / f"tiny-gpt2-{digest.hexdigest()[:12]}"
+
+
+def build_tiny_gpt2(directory: Path) -> None:
+    """Train the tokenizer and save the seeded model into ``directory`` (atomically: temp + rename)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        bpe = ByteLevelBPETokenizer()
+        bpe.train(files=[str(BUILTIN_DATASETS[BUILTIN_DATASET])], vocab_size=TINY_GPT2["vocab_size"],
+                  min_frequency=2, special_tokens=[EOS], show_progress=False)
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token=EOS, bos_token=EOS,
+                                            unk_token=EOS, pad_token=EOS, model_max_length=TINY_GPT2["n_positions"])
+        config = GPT2Config(
+            vocab_size=len(tokenizer), n_positions=TINY_GPT2["n_positions"], n_embd=TINY_GPT2["n_embd"],
+            n_layer=TINY_GPT2["n_layer"], n_head=TINY_GPT2["n_head"],
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,  # deterministic fine-tuning, any world size
+            bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        )
+        with torch.random.fork_rng():
+            torch.manual_seed(TINY_GPT2["seed"])
+            model = GPT2LMHeadModel(config)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            os.rename(staging, directory)
+        except OSError:
+            if not (directory / "config.json").is_file():
+                raise  # not a lost race with another worker: a real failure
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def resolve_model(name: str) -> str:
+    """A path or hub name ``from_pretrained`` accepts; builds the builtin model on first use."""
+    if name == BUILTIN_MODEL:
+        directory = tiny_gpt2_dir()
+        if not (directory / "config.json").is_file():
+            build_tiny_gpt2(directory)
+        return str(directory)
+    if name.startswith("builtin:"):
+        raise ValueError(f"model {name!r} is not a builtin model; the builtin model is {BUILTIN_MODEL!r}")
+    return name
+
+
+def load_model_and_tokenizer(name: str) -> tuple[torch.nn.Module, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve_model(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source)
+    except OSError as error:
+        raise ValueError(
+            f"model {name!r} could not be loaded (a local path or a hub name is expected): {error}") from None
+    return model, tokenizer
+
+
+def wrap_lora(model: torch.nn.Module, settings: LoraSettings, model_name: str) -> torch.nn.Module:
+    """The model with LoRA adapters; only the adapters are trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = settings.target_modules
+    if targets is None and model_name == BUILTIN_MODEL:
+        targets = TINY_GPT2_LORA_TARGETS
+    config = LoraConfig(task_type="CAUSAL_LM", r=settings.r, lora_alpha=settings.alpha,
+                        lora_dropout=settings.dropout, target_modules=list(targets) if targets else None,
+                        fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2")
+    return get_peft_model(model, config)

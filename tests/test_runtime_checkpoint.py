@@ -1,0 +1,134 @@
+"""Checkpoint storage: atomic writes under kill -9, checksums, fallback to the previous one, keep-last-K."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from airflow_provider_spotsched.runtime import checkpoint as checkpoint_module
+from airflow_provider_spotsched.runtime.checkpoint import CheckpointStore
+
+
+def state(step: int) -> dict:
+    return {"step": step, "weights": torch.full((64, 64), float(step)), "note": f"state of step {step}"}
+
+
+def test_a_saved_checkpoint_loads_back_with_its_manifest(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    assert store.load_latest() is None
+    name = store.save(7, state(7), samples_done=56)
+    assert name == "ckpt-000000007"
+    manifest = json.loads((tmp_path / "checkpoints" / name / "manifest.json").read_text())
+    assert manifest["step"] == 7 and manifest["samples_done"] == 56 and len(manifest["sha256"]) == 64
+    loaded = store.load_latest()
+    assert loaded.name == name and loaded.skipped == ()
+    assert torch.equal(loaded.state["weights"], state(7)["weights"])
+
+
+def test_only_the_last_k_checkpoints_are_kept(tmp_path):
+    store = CheckpointStore(str(tmp_path), keep=2)
+    for step in (1, 2, 3, 4, 5):
+        store.save(step, state(step))
+    assert store.names() == ["ckpt-000000005", "ckpt-000000004"]
+
+
+@pytest.mark.parametrize("corruption", ["flip a byte", "truncate", "garbled manifest", "no payload"])
+def test_a_corrupt_newest_checkpoint_is_detected_and_the_previous_one_used(tmp_path, corruption):
+    store = CheckpointStore(str(tmp_path))
+    store.save(1, state(1))
+    store.save(2, state(2))
+    newest = tmp_path / "checkpoints" / "ckpt-000000002"
+    payload = newest / "state.pt"
+    if corruption == "flip a byte":
+        data = bytearray(payload.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        payload.write_bytes(bytes(data))
+    elif corruption == "truncate":
+        payload.write_bytes(payload.read_bytes()[:100])
+    elif corruption == "garbled manifest":
+        (newest / "manifest.json").write_text('{"sha256": ')
+    else:
+        payload.unlink()
+    loaded = store.load_latest()
+    assert loaded.name == "ckpt-000000001" and loaded.state["step"] == 1
+    (why,) = loaded.skipped
+    expected = {"flip a byte": "checksum mismatch", "truncate": "checksum mismatch",
+                "garbled manifest": "unreadable manifest", "no payload": "payload missing"}[corruption]
+    assert why.startswith("ckpt-000000002: ") and expected in why
+
+
+@pytest.mark.parametrize("killed_at_fsync", [1, 3], ids=["writing the payload", "writing the manifest"])
+def test_kill_9_in_the_middle_of_a_checkpoint_leaves_the_previous_one_loadable(tmp_path, killed_at_fsync):
+    """A writer killed at its n-th fsync (1: the payload's temp file, 3: the manifest's) loses nothing."""
+    store = CheckpointStore(str(tmp_path))
+    store.save(1, state(1))
+    ready_read, ready_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the writer: announce the chosen fsync to the parent, then hang there until killed
+        calls = []
+        real_fsync = os.fsync
+
+        def fsync_then_hang(fd: int) -> None:
+            real_fsync(fd)
+            calls.append(fd)
+            if len(calls) == killed_at_fsync:
+                os.write(ready_write, b"x")
+                signal.pause()
+
+        checkpoint_module.os.fsync = fsync_then_hang
+        try:
+            CheckpointStore(str(tmp_path)).save(2, state(2))
+        finally:
+            os._exit(0)
+    assert os.read(ready_read, 1) == b"x"
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    os.close(ready_read)
+    os.close(ready_write)
+
+    leftovers = sorted(p.name for p in (tmp_path / "checkpoints" / "ckpt-000000002").iterdir())
+    assert any(".tmp-" in name for name in leftovers) and "manifest.json" not in leftovers
+    loaded = store.load_latest()
+    assert loaded.name == "ckpt-000000001" and loaded.state["step"] == 1
+    assert "partial checkpoint" in loaded.skipped[0]
+    assert store.clean_leftovers() == ["ckpt-000000002"]
+    assert store.names() == ["ckpt-000000001"]
+    store.save(2, state(2))  # the next save of the same step succeeds
+    assert store.load_latest().name == "ckpt-000000002"
+
+
+def test_a_leftover_temp_file_next_to_a_good_checkpoint_is_ignored_and_cleaned(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    store.save(1, state(1))
+    leftover = tmp_path / "checkpoints" / "ckpt-000000001" / "state.pt.tmp-deadbeef"
+    leftover.write_bytes(b"half a write")
+    stray = tmp_path / "progress.json.tmp-0badf00d"
+    stray.write_text("{")
+    assert store.load_latest().name == "ckpt-000000001"
+    assert sorted(store.clean_leftovers()) == sorted([leftover.name, stray.name])
+    assert not leftover.exists() and not stray.exists()
+
+
+def test_resaving_a_step_never_pairs_a_new_payload_with_the_old_manifest(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    store.save(3, state(3))
+    replacement = {**state(3), "note": "saved again after a rollback"}
+    store.save(3, replacement)
+    assert store.load_latest().state["note"] == "saved again after a rollback"
+
+
+def test_fsspec_urls_work_through_the_same_code(tmp_path):
+    """The memory:// filesystem stands in for an object store (no temp-file rename there)."""
+    store = CheckpointStore("memory://spotsched-test/job-1", keep=2)
+    store.save(1, state(1))
+    store.save(2, state(2))
+    store.write_json("progress.json", {"samples_done": 16})
+    assert not store.local and store.load_latest().name == "ckpt-000000002"
+    assert json.loads(store.fs.cat_file(store.path("progress.json")))["samples_done"] == 16
+    store.fs.pipe_file(store.path("checkpoints", "ckpt-000000003", "state.pt"), b"partial upload")
+    assert store.load_latest().name == "ckpt-000000002"
+    store.fs.rm(store.path(), recursive=True)

@@ -1,0 +1,50 @@
+"""The builtin tiny GPT-2 and its tokenizer are built from the shipped text, deterministically."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from airflow_provider_spotsched.runtime.config import LoraSettings
+from airflow_provider_spotsched.runtime.data import load_text
+from airflow_provider_spotsched.runtime.model import TINY_GPT2, build_tiny_gpt2, resolve_model, tiny_gpt2_dir, wrap_lora
+from tests.runtime_support import environment
+
+# peft (0.21) still calls transformers' deprecated is_gradient_checkpointing
+pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+
+
+def test_two_builds_give_the_same_tokenizer_and_weights(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    build_tiny_gpt2(first)
+    build_tiny_gpt2(second)
+    assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+    model_a = AutoModelForCausalLM.from_pretrained(first)
+    model_b = AutoModelForCausalLM.from_pretrained(second)
+    for (name, a), (_, b) in zip(model_a.state_dict().items(), model_b.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert model_a.config.n_layer == TINY_GPT2["n_layer"] and model_a.config.n_embd == TINY_GPT2["n_embd"]
+    tokenizer = AutoTokenizer.from_pretrained(first)
+    # the synthetic corpus runs out of pairs worth merging before the 2,000-token cap
+    assert len(tokenizer) == model_a.config.vocab_size <= TINY_GPT2["vocab_size"]
+    sentence = "Anna walked to the old mill."
+    assert tokenizer.decode(tokenizer(sentence)["input_ids"]) == sentence
+    text = load_text("builtin:synthetic-stories")
+    assert len(tokenizer(text[:5000])["input_ids"]) < 5000 / 2.5  # BPE merges learnt from the corpus
+
+
+def test_the_builtin_model_is_built_once_into_the_cache(tmp_path):
+    with environment(SPOTSCHED_CACHE_DIR=str(tmp_path)):
+        source = resolve_model("builtin:tiny-gpt2")
+        assert source == str(tiny_gpt2_dir()) and source.startswith(str(tmp_path))
+        stamp = (tmp_path / source / "config.json").stat().st_mtime_ns
+        assert resolve_model("builtin:tiny-gpt2") == source
+        assert (tmp_path / source / "config.json").stat().st_mtime_ns == stamp
+        assert resolve_model("/some/local/model") == "/some/local/model"
+        with pytest.raises(ValueError, match="is not a builtin model"):
+            resolve_model("builtin:llama")
+        model = wrap_lora(AutoModelForCausalLM.from_pretrained(source), LoraSettings(r=4), "builtin:tiny-gpt2")
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+    assert {name.split(".")[-4] for name in trainable} == {"c_attn", "c_proj", "c_fc"}

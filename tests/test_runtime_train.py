@@ -1,0 +1,147 @@
+"""The training runtime end to end, in-process and with forked gloo workers: loss, resume, elasticity, guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from tests.runtime_support import (
+    TINY_JOB, environment, late_sigterm_ignored, run_forked_workers, run_inline, step_losses, when_progress,
+    write_config)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def model_cache(tmp_path_factory):
+    with environment(SPOTSCHED_CACHE_DIR=str(tmp_path_factory.mktemp("model-cache"))):
+        yield
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One uninterrupted run of TINY_JOB: (exit code, events, checkpoint URI)."""
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    code, events = run_inline(write_config(directory), directory / "ckpt")
+    return code, events, directory / "ckpt"
+
+
+def test_a_short_run_lowers_the_loss_and_leaves_progress_and_the_final_adapter(uninterrupted):
+    code, events, uri = uninterrupted
+    assert code == 0
+    losses = list(step_losses(events).values())
+    assert len(losses) == TINY_JOB["samples"] // TINY_JOB["global_batch_size"]
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.2
+    progress = json.loads((uri / "progress.json").read_text())
+    assert progress["samples_done"] == progress["samples_total"] == TINY_JOB["samples"]
+    assert progress["status"] == "done" and progress["world_size"] == 1
+    assert progress["checkpoint"] == f"ckpt-{len(losses):09d}"
+    assert (uri / "final" / "adapter_model.safetensors").is_file()
+    assert json.loads((uri / "final" / "adapter_config.json").read_text())["r"] == 8
+    done = events[-1]
+    assert done["event"] == "done" and done["samples_done"] == TINY_JOB["samples"]
+    assert all(e["samples_per_second"] > 0 for e in events if e["event"] == "step")
+
+
+def test_a_finished_job_restarted_exits_0_without_training_again(uninterrupted, tmp_path):
+    _, _, uri = uninterrupted
+    code, events = run_inline(write_config(tmp_path), uri)
+    assert code == 0
+    assert [e["event"] for e in events] == ["resumed", "done"]
+
+
+def test_sigterm_stops_with_an_emergency_checkpoint_and_resume_repeats_the_same_losses(uninterrupted, tmp_path):
+    _, reference_events, _ = uninterrupted
+    reference = step_losses(reference_events)
+    config, uri = write_config(tmp_path), tmp_path / "ckpt"
+    with late_sigterm_ignored():
+        when_progress(uri, lambda p: p["step"] >= 7, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        code, first = run_inline(config, uri)
+    assert code == 75
+    preempted = first[-1]
+    assert preempted["event"] == "preempted" and preempted["reason"] == "sigterm"
+    last_step = max(step_losses(first))
+    # nothing but the step in progress is lost: the emergency checkpoint is the last completed step
+    assert preempted["step"] == last_step and preempted["samples_done"] == last_step * TINY_JOB["global_batch_size"]
+    assert preempted["discarded_samples"] <= TINY_JOB["global_batch_size"]
+
+    code, second = run_inline(config, uri)
+    assert code == 0
+    resumed = second[0]
+    assert resumed["event"] == "resumed" and resumed["checkpoint"] == preempted["checkpoint"]
+    assert resumed["samples_done"] == preempted["samples_done"]
+    assert resumed["load_s"] >= 0 and resumed["rendezvous_s"] == 0
+    combined = {**step_losses(first), **step_losses(second)}
+    assert combined == reference  # bitwise: same data, same optimizer state, same RNG
+
+
+def test_world_size_1_2_1_resumes_at_the_same_sample_and_follows_the_same_curve(uninterrupted, tmp_path):
+    _, reference_events, _ = uninterrupted
+    reference = step_losses(reference_events)
+    config, uri = write_config(tmp_path), tmp_path / "ckpt"
+    notice1, notice2 = tmp_path / "notice-1", tmp_path / "notice-2"
+
+    when_progress(uri, lambda p: p["samples_done"] >= 24, notice1.touch)
+    code, stage1 = run_inline(config, uri, SPOTSCHED_NOTICE=f"file://{notice1}")
+    assert code == 75 and stage1[-1]["reason"].startswith("notice: notice file")
+    stopped_at = stage1[-1]["samples_done"]
+
+    when_progress(uri, lambda p: p["samples_done"] >= stopped_at + 24, notice2.touch)
+    (code0, stage2), (code1, rank1_events) = run_forked_workers(config, uri, 2, tmp_path,
+                                                                 SPOTSCHED_NOTICE=f"file://{notice2}")
+    assert (code0, code1) == (75, 75) and rank1_events == []  # only the leader prints
+    resumed = stage2[0]
+    assert resumed["event"] == "resumed" and resumed["world_size"] == 2
+    assert resumed["samples_done"] == stopped_at and resumed["rendezvous_s"] > 0
+    steps2 = [e for e in stage2 if e["event"] == "step"]
+    assert all(e["samples_done"] - stopped_at == 8 * (e["step"] - resumed["step"]) for e in steps2)
+    stopped_again = stage2[-1]["samples_done"]
+
+    code, stage3 = run_inline(config, uri)
+    assert code == 0
+    assert stage3[0]["samples_done"] == stopped_again and stage3[0]["world_size"] == 1
+    assert stage3[-1]["samples_done"] == TINY_JOB["samples"]
+    # a fixed global batch makes every step the same whatever the world size: the curve is the
+    # uninterrupted one, bit for bit at world size 1 and up to float summation order at 2
+    combined = {**step_losses(stage1), **step_losses(stage2), **step_losses(stage3)}
+    assert combined.keys() == reference.keys()
+    assert {s: l for s, l in combined.items() if s <= stage1[-1]["step"]} == {
+        s: l for s, l in reference.items() if s <= stage1[-1]["step"]}
+    assert max(abs(combined[s] - reference[s]) for s in reference) < 1e-4
+
+
+def test_when_a_worker_vanishes_the_leader_saves_the_last_completed_step(tmp_path, capsys):
+    config, uri = write_config(tmp_path), tmp_path / "ckpt"
+
+    def kill_rank_1(pids: list[int]) -> None:
+        when_progress(uri, lambda p: p["step"] >= 3, lambda: os.kill(pids[1], signal.SIGKILL))
+
+    (code0, events), (code1, _) = run_forked_workers(config, uri, 2, tmp_path, on_start=kill_rank_1)
+    assert (code0, code1) == (75, -signal.SIGKILL)
+    preempted = events[-1]
+    assert preempted["event"] == "preempted" and preempted["reason"].startswith("peer lost: ")
+    assert preempted["step"] == max(step_losses(events)) and preempted["checkpoint"] == f"ckpt-{preempted['step']:09d}"
+
+    code, resumed = run_inline(config, uri)
+    assert code == 0 and resumed[0]["samples_done"] == preempted["samples_done"]
+
+
+def test_a_nan_loss_rolls_back_to_the_last_checkpoint_with_a_lower_learning_rate(tmp_path):
+    config = write_config(tmp_path, fault_injection={"nan_loss_at_steps": [5]})
+    code, events = run_inline(config, tmp_path / "ckpt")
+    assert code == 0
+    (rollback,) = [e for e in events if e["event"] == "rollback"]
+    assert rollback["bad_step"] == 5 and rollback["reason"] == "loss is nan"
+    assert rollback["lr_scale"] == 0.5 and rollback["step"] < 5
+    assert rollback["checkpoint"] == f"ckpt-{rollback['step']:09d}"
+    assert all(e["loss"] == e["loss"] for e in events if e["event"] == "step")  # no NaN was applied
+    assert events[-1]["event"] == "done" and events[-1]["rollbacks"] == 1
+
+
+def test_divergence_beyond_the_allowed_rollbacks_fails_clearly(tmp_path, capsys):
+    config = write_config(tmp_path, fault_injection={"nan_loss_at_steps": [3]}, guard={"max_rollbacks": 0})
+    code, events = run_inline(config, tmp_path / "ckpt")
+    assert code == 1
+    assert "training diverged (loss is nan) after 0 rollback(s)" in capsys.readouterr().err
+    assert not (tmp_path / "ckpt" / "final").exists()
