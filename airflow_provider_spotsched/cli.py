@@ -11,14 +11,25 @@ import inspect
 import json
 import shlex
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from airflow_provider_spotsched.market.trace import TraceError, load_trace
+from airflow_provider_spotsched.forecast import FORECASTERS, Forecaster, make_forecaster
+from airflow_provider_spotsched.forecast.backtest import BacktestError, run_backtest
+from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, forecast_document, market_at
+from airflow_provider_spotsched.market.slots import resample
+from airflow_provider_spotsched.market.trace import Trace, TraceError, load_trace, parse_timestamp
 from airflow_provider_spotsched.scheduling.model import Job
 from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
-from airflow_provider_spotsched.simulation.evaluation import POLICY_SPECS, EvaluationError, GridConfig, evaluate
+from airflow_provider_spotsched.simulation.evaluation import (
+    POLICY_SPECS,
+    EvaluationError,
+    GridConfig,
+    evaluate,
+    trace_name,
+)
 from airflow_provider_spotsched.simulation.simulator import job_market, simulate
 
 BAD_INPUT = 2
@@ -118,6 +129,99 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+BACKTEST_MODELS = ("auto", "arima", "holt-winters", "markov-count", "seasonal-naive", "persistence")
+
+
+def cmd_forecast(args: argparse.Namespace) -> int:
+    if not 1 <= args.horizon <= MAX_HORIZON:
+        raise InputError(
+            f"--horizon {args.horizon}: must be 1..{MAX_HORIZON} slots; the forecasters model a daily season "
+            f"and two seasons ahead they only repeat its profile"
+        )
+    if not args.slot_hours > 0:
+        raise InputError(f"--slot-hours {args.slot_hours:g}: must be > 0 hours")
+    pools = _names(args.pools + args.market) or None
+    try:
+        trace = load_trace(args.trace)
+    except TraceError as exc:
+        raise InputError(str(exc)) from None
+    return _backtest(args, trace, pools) if args.backtest else _live_forecast(args, trace, pools)
+
+
+def _names(values: Sequence[str]) -> list[str]:
+    """Repeated options and comma lists alike, in order."""
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
+def _live_forecast(args: argparse.Namespace, trace: Trace, pools: list[str] | None) -> int:
+    if args.at is None or args.out is None:
+        raise InputError("--at and --out are required without --backtest (the instant to forecast from, the JSON file)")
+    try:
+        at = parse_timestamp(args.at)
+    except ValueError:
+        raise InputError(f"--at {args.at!r}: not a UTC ISO-8601 timestamp like 2025-10-10T12:00:00Z") from None
+    bad = [n for n in args.at_least if n < 1]
+    if bad:
+        raise InputError(f"--at-least {bad}: counts must be >= 1 instance")
+    try:
+        market = market_at(trace, at, args.slot_hours, pools)
+    except TraceError as exc:
+        raise InputError(str(exc)) from None
+    forecaster = _forecaster(args.model)
+    try:
+        forecast = forecaster.forecast(market, args.horizon)
+    except ValueError as exc:
+        raise InputError(f"--model {args.model}: {exc}") from None
+    document = forecast_document(forecast, market, at, args.at_least, forecaster.name)
+    _write_json(args.out, document)
+    chosen = ", ".join(f"{pool}: {entry['model']}" for pool, entry in document["pools"].items())
+    print(f"forecast of {args.horizon} slots after {document['at']} from {market.describe()} ({chosen}) -> {args.out}")
+    return 0
+
+
+def _forecaster(name: str, option: str = "--model") -> Forecaster:
+    """Forecaster ``name`` with its defaults; the oracle is refused, it would read the future."""
+    if name not in FORECASTERS or name == "oracle":
+        known = [n for n in FORECASTERS if n != "oracle"]
+        raise InputError(f"{option} {name!r}: unknown forecaster; choose from {known}")
+    return make_forecaster(name)
+
+
+def _backtest(args: argparse.Namespace, trace: Trace, pools: list[str] | None) -> int:
+    from airflow_provider_spotsched.forecast.backtest_report import text_table, write_backtest_report
+
+    models = _names(args.models) or list(BACKTEST_MODELS)
+    for name in models:
+        _forecaster(name, "--models")
+    try:
+        market = resample(trace, slot_hours=args.slot_hours, pools=pools)
+        backtest = run_backtest(market, models, args.horizon, step=args.step, min_history=args.min_history,
+                                workers=args.workers, on_progress=_ModelProgress())
+    except (TraceError, BacktestError) as exc:
+        raise InputError(str(exc)) from None
+    name = trace_name(str(args.trace))
+    out = args.out_dir or Path("docs") / "forecasting" / name
+    command = "spotsched " + " ".join(shlex.quote(a) for a in args.argv)
+    try:
+        written = write_backtest_report(backtest, out, command, datetime.now(timezone.utc), name)
+    except OSError as exc:
+        raise InputError(f"--out-dir {out}: cannot write ({exc.strerror})") from None
+    print(text_table(backtest))
+    print(f"{len(backtest.origins)} origins x {len(backtest.models)} models -> {out}: {', '.join(p.name for p in written)}")
+    return 0
+
+
+class _ModelProgress:
+    """Models done / total on stderr as each finishes, so a long backtest shows life."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        elapsed = _clock(time.monotonic() - self.began)
+        print(f"backtest: {done}/{total} models done, {elapsed} elapsed", file=sys.stderr, flush=True)
+
+
 class _ProgressLine:
     """Scenarios done / total, elapsed and ETA, on one stderr line (rewritten in place on a terminal)."""
 
@@ -182,6 +286,29 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=default.seed, help="base seed of seeded policies")
     ev.add_argument("--workers", "--jobs", "-j", type=int, default=2, help="worker processes")
     ev.set_defaults(run=cmd_evaluate)
+
+    fc = commands.add_parser("forecast", help="forecast a trace's pools from an instant, or backtest the forecasters")
+    fc.add_argument("--trace", type=Path, required=True, help="trace CSV (optionally .gz), the spec's format")
+    fc.add_argument("--horizon", type=int, required=True, help=f"slots ahead, 1..{MAX_HORIZON}")
+    fc.add_argument("--slot-hours", type=float, default=1.0, help="slot length, hours (default 1)")
+    fc.add_argument("--pools", action="append", default=[], metavar="POOL[,POOL]",
+                    help="pools to forecast (repeatable or comma list; default: all)")
+    fc.add_argument("--market", action="append", default=[], metavar="POOL[,POOL]", help="same as --pools")
+    fc.add_argument("--at", help="forecast from the slot starting at this UTC timestamp, using data up to it only")
+    fc.add_argument("--model", default="auto", help="forecaster (default auto: a model chosen per pool)")
+    fc.add_argument("--at-least", type=int, nargs="+", default=[], metavar="N",
+                    help="also give P(available >= N) for these counts (N = 1 always)")
+    fc.add_argument("--out", type=Path, help="forecast JSON file to write")
+    fc.add_argument("--backtest", action="store_true", help="backtest the forecasters instead of forecasting")
+    fc.add_argument("--models", action="append", default=[], metavar="MODEL[,MODEL]",
+                    help=f"models to backtest (default: {', '.join(BACKTEST_MODELS)}; persistence is always added)")
+    fc.add_argument("--step", type=int, default=6, help="slots between backtest origins (default 6)")
+    fc.add_argument("--min-history", type=int,
+                    help="slots known at the first origin (default: two weeks, or half the trace if shorter)")
+    fc.add_argument("--workers", "-j", type=int, default=1, help="backtest models in this many processes at once")
+    fc.add_argument("--out-dir", type=Path,
+                    help="backtest output folder (default docs/forecasting/<trace name>/)")
+    fc.set_defaults(run=cmd_forecast)
     return parser
 
 

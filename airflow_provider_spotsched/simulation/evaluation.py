@@ -71,6 +71,7 @@ def _policy_specs() -> dict[str, PolicySpec]:
         PolicySpec("optimal", "optimal"),
         PolicySpec("prediction-free", "prediction-free"),
         PolicySpec("chc-seasonal-naive", "chc", (("forecaster", "seasonal-naive"),)),
+        PolicySpec("chc-auto", "chc", (("forecaster", "auto"),)),
         *(
             PolicySpec(f"chc-oracle-{e:g}", "chc", (("forecaster", "oracle"), ("error", e)), seeded=True)
             for e in ORACLE_ERRORS

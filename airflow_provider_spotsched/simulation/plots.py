@@ -105,7 +105,8 @@ def utility_vs_slack(rows: Sequence[Row], traces: Sequence[str], policies: Seque
 def chc_forecast_error(rows: Sequence[Row], traces: Sequence[str]) -> Figure | None:
     """CHC's mean utility relative to optimal against the oracle's injected forecast error.
 
-    The dashed line per trace is CHC with the real (seasonal-naive) forecaster, for reference.
+    The dashed and dotted lines per trace are CHC with the real forecasters (seasonal-naive, and
+    the per-pool automatic choice of ``docs/forecasting.md``), for reference.
     """
     errors = {key: spec.forecast_error for key, spec in POLICY_SPECS.items() if spec.forecast_error is not None}
     oracle = [r for r in rows if r.policy in errors]
@@ -118,10 +119,11 @@ def chc_forecast_error(rows: Sequence[Row], traces: Sequence[str]) -> Figure | N
         mine = [r for r in rows if r.trace == trace]
         means = [_mean([r for r in mine if r.policy == p], "utility_vs_optimal") for p in policies]
         (line,) = ax.plot([errors[p] for p in policies], means, marker="o", label=f"{trace}: oracle + error")
-        naive = [r for r in mine if r.policy == "chc-seasonal-naive"]
-        if naive:
-            ax.axhline(_mean(naive, "utility_vs_optimal"), color=line.get_color(), linestyle="--",
-                       label=f"{trace}: seasonal-naive")
+        for policy, style in (("chc-seasonal-naive", "--"), ("chc-auto", ":")):
+            real = [r for r in mine if r.policy == policy]
+            if real:
+                ax.axhline(_mean(real, "utility_vs_optimal"), color=line.get_color(), linestyle=style,
+                           label=f"{trace}: {policy.removeprefix('chc-')}")
     ax.set_xlabel("injected relative forecast error")
     ax.set_ylabel("utility / optimal utility (mean)")
     ax.legend(fontsize="small")

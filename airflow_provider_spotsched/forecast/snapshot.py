@@ -1,0 +1,132 @@
+"""A live forecast: the market as known at one instant, and the forecast document written for it.
+
+:func:`market_at` cuts the trace at ``at`` before resampling, so nothing later is read: not a
+tick's values, not its existence (which would shift the typical tick gap behind the hole rule).
+Its slots end with the one that starts at ``at``; the forecast covers the slots starting at
+``at + i * slot_hours`` for i = 1..K (the spec's resampling: the state in force at each start).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, Sequence
+
+import numpy as np
+
+from airflow_provider_spotsched.forecast.base import Forecast
+from airflow_provider_spotsched.market.slots import HOLE_FACTOR, SlotMarket, resample, select_pools
+from airflow_provider_spotsched.market.trace import PoolSeries, Trace, TraceError, format_timestamp
+
+MAX_HORIZON = 48
+"""Two days of hourly slots. The forecasters model at most a daily season: two seasons ahead they
+only repeat its profile (or a constant), and CHC plans 24 slots ahead."""
+
+MIN_HISTORY_HOURS = 24.0
+"""One daily season: the least a forecast of the working-day cycle can start from."""
+
+
+def trace_until(trace: Trace, at: datetime) -> Trace:
+    """``trace`` with only the ticks at or before ``at``; pools with none are left out."""
+    cut = at.timestamp()
+    pools = {}
+    for name, series in trace.pools.items():
+        keep = series.times <= cut
+        if keep.any():
+            pools[name] = PoolSeries(
+                series.times[keep], series.spot_price[keep], series.available[keep], series.on_demand_price[keep]
+            )
+    if not pools:
+        raise TraceError(f"{trace.source} has no tick at or before {format_timestamp(at)}")
+    return Trace(trace.source, pools)
+
+
+def market_at(trace: Trace, at: datetime, slot_hours: float = 1.0, pools: Sequence[str] | None = None) -> SlotMarket:
+    """Slots of ``slot_hours`` back from ``at`` to the trace's start, the last one starting at ``at``.
+
+    Refuses an ``at`` outside the trace, less than :data:`MIN_HISTORY_HOURS` of history, and
+    pools that are unknown or have no tick by ``at``.
+    """
+    if not slot_hours > 0:
+        raise ValueError(f"slot_hours must be > 0, got {slot_hours}")
+    at = at.astimezone(timezone.utc)
+    first, last = trace.first_time, trace.last_time
+    if not first <= at.timestamp() <= last:
+        raise TraceError(
+            f"--at {format_timestamp(at)} lies outside {trace.source}, which covers "
+            f"{_stamp(first)} .. {_stamp(last)}"
+        )
+    names = select_pools(trace, pools)
+    known = trace_until(trace, at)
+    late = [name for name in names if name not in known.pools]
+    if late:
+        raise TraceError(f"pool(s) {late} have no tick at or before --at {format_timestamp(at)}; choose a later --at")
+    step = slot_hours * 3600.0
+    slots = int(math.floor((at.timestamp() - first) / step + 1e-9)) + 1
+    needed = max(2, math.ceil(MIN_HISTORY_HOURS / slot_hours - 1e-9))
+    if slots < needed:
+        raise TraceError(
+            f"--at {format_timestamp(at)} leaves {slots} slot(s) of {slot_hours:g} h of history in {trace.source}; "
+            f"a forecast needs at least {needed} ({MIN_HISTORY_HOURS:g} h): choose an --at at or after "
+            f"{_stamp(first + (needed - 1) * step)}"
+        )
+    start = at - timedelta(seconds=(slots - 1) * step)
+    ticked = min(slots, int(math.floor((known.last_time - start.timestamp()) / step + 1e-9)) + 1)
+    market = resample(known, start=start, slot_hours=slot_hours, num_slots=ticked, pools=names)
+    return _hold_last_ticks(market, known, slots)
+
+
+def _hold_last_ticks(market: SlotMarket, known: Trace, slots: int) -> SlotMarket:
+    """``market`` extended to ``slots`` slots past the cut trace's last tick (spec, "Market").
+
+    :func:`resample` stops at the last tick; the slots after it up to ``at`` take every pool's
+    last tick, with availability unknown (0) once that tick is older than the hole threshold.
+    """
+    extra = slots - market.num_slots
+    if extra == 0:
+        return market
+    step = market.slot_hours * 3600.0
+    instants = market.start.timestamp() + step * np.arange(market.num_slots, slots)
+    hole = HOLE_FACTOR * known.tick_seconds
+    price = np.empty((extra, market.num_pools))
+    available = np.zeros((extra, market.num_pools), dtype=market.available.dtype)
+    for m, name in enumerate(market.pools):
+        series = known.pools[name]
+        price[:, m] = series.spot_price[-1]
+        available[:, m] = np.where(instants - series.times[-1] <= hole, series.available[-1], 0)
+    return replace(
+        market,
+        spot_price=np.vstack([market.spot_price, price]),
+        available=np.vstack([market.available, available]),
+    )
+
+
+def _stamp(epoch: float) -> str:
+    return format_timestamp(datetime.fromtimestamp(epoch, timezone.utc))
+
+
+def forecast_document(
+    forecast: Forecast, market: SlotMarket, at: datetime, at_least: Sequence[int], model: str
+) -> dict[str, Any]:
+    """The ``spotsched forecast`` JSON: per pool its model, point forecasts and P(available >= n).
+
+    ``model`` names the forecaster for pools whose forecast does not name its own model. The
+    counts are n = 1 plus ``at_least``, keyed by their decimal string (JSON keys are strings).
+    """
+    counts = sorted({1, *at_least})
+    chances = {n: forecast.p_available_at_least(n) for n in counts}
+    names = forecast.models or (model,) * market.num_pools
+    pools = {}
+    for m, pool in enumerate(market.pools):
+        pools[pool] = {
+            "model": names[m],
+            "spot_price": _floats(forecast.spot_price[:, m]),
+            "available": _floats(forecast.available[:, m]),
+            "p_available_at_least": {str(n): _floats(chances[n][:, m]) for n in counts},
+        }
+    return {"at": format_timestamp(at), "slot_hours": market.slot_hours, "pools": pools}
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    return [float(v) for v in values]

@@ -1,0 +1,173 @@
+"""``spotsched forecast``: the forecast JSON, no peeking past --at, bad input, and the backtest's files."""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from airflow_provider_spotsched.cli import BAD_INPUT, main
+from airflow_provider_spotsched.forecast.snapshot import market_at
+from airflow_provider_spotsched.market.slots import resample
+from airflow_provider_spotsched.market.trace import load_trace, parse_timestamp
+from tests.test_cli import POOLS, write_slice
+
+AT = "2025-10-06T12:05:00Z"  # off the trace's 10-minute tick grid: the state in force is the 12:00 tick
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory, gcp_trace) -> Path:
+    return write_slice(gcp_trace, tmp_path_factory.mktemp("trace") / "gcp_slice.csv", days=3)
+
+
+def forecast(trace: Path, out: Path, *options: str, at: str = AT, horizon: int = 6) -> int:
+    return main(["forecast", "--trace", str(trace), "--at", at, "--horizon", str(horizon), "--out", str(out), *options])
+
+
+def test_forecast_json_has_exactly_the_documented_shape(tmp_path, trace_file):
+    out = tmp_path / "f.json"
+    assert forecast(trace_file, out, "--model", "persistence", "--at-least", "4", "9", "--pools", "us-east4-b",
+                    "--pools", "us-west1-b") == 0
+    document = json.loads(out.read_text())
+    assert set(document) == {"at", "slot_hours", "pools"}
+    assert document["at"] == AT and document["slot_hours"] == 1.0
+    assert list(document["pools"]) == ["us-east4-b", "us-west1-b"]
+    at = parse_timestamp(AT)
+    state = resample(load_trace(trace_file), start=at, num_slots=1)  # the state in force at --at
+    for pool, entry in document["pools"].items():
+        assert set(entry) == {"model", "spot_price", "available", "p_available_at_least"}
+        assert entry["model"] == "persistence"
+        m = state.pools.index(pool)
+        assert entry["spot_price"] == [state.spot_price[0, m]] * 6
+        assert entry["available"] == [float(state.available[0, m])] * 6
+        assert list(entry["p_available_at_least"]) == ["1", "4", "9"]
+        for n, chances in entry["p_available_at_least"].items():
+            assert chances == [float(state.available[0, m] >= int(n))] * 6
+
+
+def test_slots_end_at_the_one_starting_at_at(trace_file):
+    at = parse_timestamp(AT)
+    market = market_at(load_trace(trace_file), at)
+    assert market.start + timedelta(hours=market.num_slots - 1) == at
+    assert market.start - timedelta(hours=1) < parse_timestamp("2025-10-04T00:10:00Z") <= market.start
+    np.testing.assert_array_equal(market.available[-1], resample(load_trace(trace_file), start=at, num_slots=1).available[0])
+
+
+def _tamper_after(source: Path, at: str, target: Path) -> Path:
+    """``source`` with every row after ``at`` changed, plus ticks 100 s apart between them.
+
+    The extra ticks outnumber the real ones, so the trace's typical tick gap (the unit of the
+    hole rule) shrinks too: a resampling that looked at the whole trace would mark the slots up to
+    ``at`` as holes.
+    """
+    cut = parse_timestamp(at)
+    lines = source.read_text().splitlines()
+    out = [lines[0]]
+    for line in lines[1:]:
+        stamp, pool, price, available, on_demand = line.split(",")
+        if parse_timestamp(stamp) > cut:
+            out.append(f"{stamp},{pool},{float(price) * 3},{16 - int(available)},{on_demand}")
+            for extra in range(1, 6):
+                late = parse_timestamp(stamp) + timedelta(seconds=100 * extra)
+                out.append(f"{late.strftime('%Y-%m-%dT%H:%M:%SZ')},{pool},{price},0,{on_demand}")
+        else:
+            out.append(line)
+    target.write_text("\n".join(out) + "\n")
+    return target
+
+
+@pytest.mark.parametrize("model", ["seasonal-naive", "persistence"])
+def test_nothing_after_at_is_read(tmp_path, trace_file, model):
+    tampered = _tamper_after(trace_file, AT, tmp_path / "tampered.csv")
+    assert forecast(trace_file, tmp_path / "a.json", "--model", model, "--at-least", "8") == 0
+    assert forecast(tampered, tmp_path / "b.json", "--model", model, "--at-least", "8") == 0
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+
+
+def test_the_default_automatic_choice_names_its_models_and_reads_nothing_after_at(tmp_path, gcp_trace):
+    trace = write_slice(gcp_trace, tmp_path / "five_days.csv", days=5, pools=("us-east4-b", "us-west1-b"))
+    at = "2025-10-08T12:05:00Z"  # 108 slots of history: enough for the automatic choice's own backtest
+    tampered = _tamper_after(trace, at, tmp_path / "tampered.csv")
+    assert forecast(trace, tmp_path / "a.json", "--at-least", "8", at=at, horizon=24) == 0
+    assert forecast(tampered, tmp_path / "b.json", "--at-least", "8", at=at, horizon=24) == 0
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+    document = json.loads((tmp_path / "a.json").read_text())
+    for entry in document["pools"].values():
+        price_model, _, count_model = entry["model"].partition("+")
+        assert price_model and count_model  # auto names its price and its availability model
+        assert len(entry["available"]) == 24 and all(0.0 <= a <= 16.0 for a in entry["available"])
+        chances = entry["p_available_at_least"]
+        assert list(chances) == ["1", "8"]
+        assert all(0.0 <= p8 <= p1 <= 1.0 for p1, p8 in zip(chances["1"], chances["8"]))
+
+
+def test_at_on_a_tick_forecasts_from_that_tick(tmp_path, trace_file):
+    tampered = _tamper_after(trace_file, "2025-10-06T12:00:00Z", tmp_path / "tampered.csv")
+    at = "2025-10-06T12:00:00Z"
+    assert forecast(trace_file, tmp_path / "a.json", "--model", "persistence", at=at) == 0
+    assert forecast(tampered, tmp_path / "b.json", "--model", "persistence", at=at) == 0
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+
+
+def check_bad_input(args: list[str], words: list[str], capsys) -> None:
+    assert main(args) == BAD_INPUT
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+    for word in words:
+        assert word in err
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"--horizon": "0"}, ["--horizon 0", "1..48"]),
+        ({"--horizon": "49"}, ["--horizon 49", "1..48", "daily season"]),
+        ({"--at": "2025-11-01T00:00:00Z"}, ["--at 2025-11-01T00:00:00Z", "outside"]),
+        ({"--at": "2025-10-04T05:00:00Z"}, ["history", "24", "2025-10-04T23:10:00Z"]),
+        ({"--at": "yesterday"}, ["--at", "yesterday", "ISO-8601"]),
+        ({"--pools": "us-east4-b,mars-1a"}, ["mars-1a", *POOLS]),
+        ({"--market": "mars-1a"}, ["mars-1a", *POOLS]),
+        ({"--at-least": "0"}, ["--at-least", ">= 1"]),
+        ({"--model": "crystal-ball"}, ["--model", "crystal-ball", "persistence"]),
+        ({"--model": "oracle"}, ["--model", "oracle", "unknown forecaster"]),
+        ({"--slot-hours": "0"}, ["--slot-hours", "> 0"]),
+    ],
+)
+def test_bad_input_exits_2_naming_the_option(tmp_path, trace_file, capsys, options, words):
+    merged = {"--trace": str(trace_file), "--at": AT, "--horizon": "6", "--model": "persistence",
+              "--out": str(tmp_path / "f.json"), **options}
+    check_bad_input(["forecast", *[item for pair in merged.items() for item in pair]], words, capsys)
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_forecast_needs_at_and_out_without_backtest(tmp_path, trace_file, capsys):
+    check_bad_input(["forecast", "--trace", str(trace_file), "--horizon", "6"], ["--at", "--out", "--backtest"], capsys)
+
+
+def test_backtest_writes_table_summary_and_plots(tmp_path, trace_file, capsys):
+    out = tmp_path / "bt"
+    args = ["forecast", "--trace", str(trace_file), "--horizon", "4", "--backtest", "--models", "seasonal-naive",
+            "--market", "us-east4-b,us-west1-b", "--step", "8", "--out-dir", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "available count: MAE mean over pools" in printed and "seasonal-naive" in printed
+    assert sorted(p.name for p in out.iterdir()) == [
+        "backtest.csv", "error_vs_horizon.png", "forecast_vs_actual.png", "summary.md"]
+    with (out / "backtest.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {r["pool"] for r in rows} == {"us-east4-b", "us-west1-b"}
+    assert {r["model"] for r in rows} == {"seasonal-naive", "persistence"}
+    assert {int(r["step"]) for r in rows} == {1, 2, 3, 4}
+    summary = (out / "summary.md").read_text()
+    assert "--models seasonal-naive" in summary and "| us-west1-b |" in summary
+
+
+def test_backtest_bad_input_exits_2(tmp_path, trace_file, capsys):
+    base = ["forecast", "--trace", str(trace_file), "--horizon", "4", "--backtest", "--out-dir", str(tmp_path)]
+    check_bad_input(base + ["--models", "crystal-ball"], ["--models", "crystal-ball"], capsys)
+    check_bad_input(base + ["--models", "persistence", "--min-history", "100"], ["no origin", "min_history"], capsys)
+    check_bad_input(base + ["--market", "mars-1a"], ["mars-1a", "us-east4-b"], capsys)
