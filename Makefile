@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 EXTRAS := amazon,google,train,dev
 
-.PHONY: install demo test evaluate bench constraints clean
+.PHONY: install demo demo-evaluate ui test evaluate forecast-backtest bench constraints clean
 
 install: $(INSTALLED)
 
@@ -15,8 +15,27 @@ $(INSTALLED): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(INSTALLED)
 
-# The main job on the embedded default: a short evaluation on both shipped traces.
+# The operator end to end on the embedded default: the demo DAG (a real fine-tune on a replayed
+# spot market, with a preemption) run by `airflow dags test` in a project-local AIRFLOW_HOME
+# (SQLite, no server), then its summary.
+DEMO_HOME := $(CURDIR)/.airflow
+DEMO_ENV := AIRFLOW_HOME=$(DEMO_HOME) AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags
+
 demo: $(INSTALLED)
+	mkdir -p $(DEMO_HOME)
+	$(DEMO_ENV) $(BIN)/airflow db migrate > $(DEMO_HOME)/migrate.log
+	$(DEMO_ENV) $(BIN)/airflow dags test spot_finetune_demo 2>&1 | tee $(DEMO_HOME)/demo.log
+	@sed -n '/=== spot fine-tune summary ===/,/^slots /p' $(DEMO_HOME)/demo.log | grep . \
+		|| { echo "the demo DAG did not finish: see $(DEMO_HOME)/demo.log"; exit 1; }
+
+# Airflow's UI on the demo's AIRFLOW_HOME (http://localhost:8080; the login is printed at start).
+ui: $(INSTALLED)
+	mkdir -p $(DEMO_HOME)
+	$(DEMO_ENV) $(BIN)/airflow db migrate > $(DEMO_HOME)/migrate.log
+	$(DEMO_ENV) $(BIN)/airflow standalone
+
+# A short evaluation of the policies on both shipped traces.
+demo-evaluate: $(INSTALLED)
 	$(BIN)/spotsched evaluate --out results/demo --scenarios 2 --nmax 4 8 --workers 2
 
 test: $(INSTALLED)
@@ -25,6 +44,12 @@ test: $(INSTALLED)
 # The full evaluation whose table and plots live in docs/evaluation/.
 evaluate: $(INSTALLED)
 	$(BIN)/spotsched evaluate --out docs/evaluation
+
+# The forecasting backtests whose tables and plots live in docs/forecasting/ (see docs/forecasting.md).
+TRACES := airflow_provider_spotsched/data/traces
+forecast-backtest: $(INSTALLED)
+	$(BIN)/spotsched forecast --trace $(TRACES)/aws_p3.2xlarge_9az_2023-02-15.csv.gz --horizon 24 --backtest --workers 3 --out-dir docs/forecasting/aws
+	$(BIN)/spotsched forecast --trace $(TRACES)/gcp_h100_13zones_2025-10.csv.gz --horizon 24 --backtest --workers 3 --out-dir docs/forecasting/gcp
 
 # A few minutes of each benchmark; docs/benchmarks.md gives the full-length commands.
 bench: $(INSTALLED)

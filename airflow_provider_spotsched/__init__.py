@@ -17,10 +17,48 @@ GCP_TRACE = TRACES_DIR / "gcp_h100_13zones_2025-10.csv.gz"
 
 
 def get_provider_info() -> dict[str, Any]:
-    """What Airflow's providers manager reads through the ``apache_airflow_provider`` entry point."""
+    """What Airflow's providers manager reads through the ``apache_airflow_provider`` entry point.
+
+    Listing a module here imports nothing: Airflow imports it only when it is used.
+    """
+    package = "airflow_provider_spotsched"
     return {
         "package-name": "airflow-provider-spotsched",
         "name": "Spot Scheduler",
         "description": "Deadline-aware LLM fine-tuning on a mix of spot and on-demand GPU instances.",
         "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Spot Scheduler",
+                "external-doc-url": "https://github.com/airflow-provider-spotsched/airflow-provider-spotsched",
+                "tags": ["service"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "Spot Scheduler",
+                "python-modules": [f"{package}.operators.fine_tune", f"{package}.operators.forecast", f"{package}.operators.solver"],
+            }
+        ],
+        "sensors": [{"integration-name": "Spot Scheduler", "python-modules": [f"{package}.sensors.market"]}],
+        "hooks": [
+            {
+                "integration-name": "Spot Scheduler",
+                "python-modules": [
+                    f"{package}.hooks.local",
+                    f"{package}.hooks.compute",
+                    f"{package}.hooks.market_data",
+                ],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Spot Scheduler",
+                "python-modules": [f"{package}.triggers.spot_job", f"{package}.triggers.market"],
+            }
+        ],
+        "connection-types": [
+            {"hook-class-name": f"{package}.hooks.local.LocalSpotHook", "connection-type": "spotsched_local"},
+        ],
+        "extra-links": [f"{package}.links.report.SpotRunReportLink"],
     }

@@ -1,0 +1,70 @@
+"""What an operator reads of the spot market: the history at submission, then one row per slot.
+
+An :class:`~airflow_provider_spotsched.scheduling.online.OnlineRun` starts from a slot market that
+ends with slot 0's state and then observes one row at every slot boundary. A feed answers both
+questions for one kind of market: a live one (a :class:`MarketSource` such as the AWS or GCP
+sources, read at wall-clock ``now``) or a trace replayed on an accelerated clock (the local
+backend's, :class:`~airflow_provider_spotsched.hooks.local.ReplayedMarket`), where slot ``k`` is
+a row of the trace whatever the wall clock says.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from datetime import datetime, timedelta, timezone
+from typing import Sequence
+
+import numpy as np
+
+from airflow_provider_spotsched.market.slots import SlotMarket, resample
+from airflow_provider_spotsched.market.source import MarketSource
+from airflow_provider_spotsched.market.trace import TraceError
+
+
+class MarketFeed(ABC):
+    """The market one run reads: ``history`` at submission, then ``row`` at every boundary."""
+
+    @abstractmethod
+    def history(self, now: datetime) -> SlotMarket:
+        """Every pool's slots before submission, ending with the state at ``now`` (slot 0)."""
+
+    @abstractmethod
+    def row(self, slot: int, pools: Sequence[str], now: datetime) -> tuple[np.ndarray, np.ndarray]:
+        """Spot prices and available counts of ``pools`` (in that order) at the start of ``slot``."""
+
+
+class LiveMarketFeed(MarketFeed):
+    """A live :class:`MarketSource` cut into slots that end at wall-clock ``now``."""
+
+    def __init__(self, source: MarketSource, slot_hours: float = 1.0, history_hours: float = 48.0) -> None:
+        if not slot_hours > 0 or not history_hours >= slot_hours:
+            raise ValueError(
+                f"slot_hours must be > 0 and history_hours >= slot_hours, got {slot_hours!r} and {history_hours!r}"
+            )
+        self.source, self.slot_hours, self.history_hours = source, float(slot_hours), float(history_hours)
+
+    def history(self, now: datetime) -> SlotMarket:
+        return self._slots(now, self.history_hours)
+
+    def row(self, slot: int, pools: Sequence[str], now: datetime) -> tuple[np.ndarray, np.ndarray]:
+        market = self._slots(now, 2 * self.slot_hours)
+        missing = [p for p in pools if p not in market.pools]
+        if missing:
+            raise TraceError(f"the market source has no recent ticks for pool(s) {missing}; check its connection")
+        index = [market.pools.index(p) for p in pools]
+        return market.spot_price[-1, index], market.available[-1, index]
+
+    def _slots(self, now: datetime, hours: float) -> SlotMarket:
+        """Whole slots over the last ``hours``, the last one starting at the newest tick (at or before ``now``)."""
+        now = now.astimezone(timezone.utc)
+        trace = self.source.observe(now - timedelta(hours=hours), now)
+        if not trace.pools:
+            raise TraceError(
+                f"the market source returned no ticks between {now - timedelta(hours=hours):%Y-%m-%d %H:%M} and "
+                f"{now:%Y-%m-%d %H:%M} UTC; check the market connection (market_conn_id) and the pools' regions"
+            )
+        step = self.slot_hours * 3600.0
+        slots = int(math.floor((trace.last_time - trace.first_time) / step + 1e-9)) + 1
+        start = datetime.fromtimestamp(trace.last_time - (slots - 1) * step, timezone.utc)
+        return resample(trace, start, self.slot_hours, slots)

@@ -1,0 +1,206 @@
+"""The solver step on its own: state and forecast in, this slot's allocation and the plan out.
+
+For DAGs that want each step visible, this operator makes one decision of an
+:class:`~airflow_provider_spotsched.scheduling.online.OnlineRun`, the same object the fine-tune
+operator drives: it adds no scheduling logic of its own, it maps XCom and parameters onto the
+run and its policy and the decision back onto XCom. The run's state travels between slots as an
+XCom (key ``run_state``), so a DAG that solves every slot keeps CHC's commitments exactly.
+
+A forecast document from
+:class:`~airflow_provider_spotsched.operators.forecast.SpotMarketForecastOperator` replaces the
+policy's own forecaster at the instant it was made for. The forecasts given so far travel in the
+run state too: a resumed run replays its past decisions (policies are deterministic functions of
+what they observed), and those must see the same forecasts again.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from airflow.sdk import BaseOperator
+
+from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
+from airflow_provider_spotsched.hooks.market_spec import DEFAULT_HISTORY_HOURS, MarketSpec, slot_market_at
+from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.market.trace import format_timestamp
+from airflow_provider_spotsched.operators.fine_tune import job_id_for
+from airflow_provider_spotsched.operators.forecast import forecast_instant
+from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
+
+RUN_STATE_KEY = "run_state"
+
+
+class SpotAllocationSolverOperator(BaseOperator):
+    """Decide the slot starting at ``at``; returns ``{"slot", "allocation", "plan", "policy"}``.
+
+    Start a run with ``job`` (the spec's job fields) and ``pools``, or continue one with
+    ``run_state``: the ``run_state`` XCom of the previous slot's solver, or a state from
+    :meth:`OnlineRun.to_state`. ``plan`` is this slot's allocation followed by the allocations
+    the policy has committed to for the next slots.
+
+    :param market: the market (a :class:`MarketSpec`, its dict, or a trace name or path).
+    :param job: the job (spec's job JSON fields), to start a run.
+    :param pools: the run's pools, to start a run.
+    :param run_state: the run to continue (a dict or its JSON; templated).
+    :param forecast: a forecast document for ``at`` (a dict or its JSON; templated).
+    :param work_done: work units done so far, as measured (templated; default: the last record's).
+    :param at: the start of the slot to decide (templated; default the logical date). A run
+        continued from a decided slot moves to the next one, which must start at ``at``.
+    :param policy: a registered policy (default ``"chc"``).
+    :param policy_params: the policy's parameters.
+    :param slot_hours: slot length in hours, to start a run.
+    :param job_id: the run's id (default: derived from the DAG, task and run ids).
+    :param history_hours: hours of market history to read before ``at``.
+    """
+
+    template_fields: Sequence[str] = ("run_state", "forecast", "work_done", "at", "pools", "job", "policy_params")
+    ui_color = "#d5e8d4"
+
+    def __init__(
+        self,
+        *,
+        market: MarketSpec | Mapping[str, Any] | str,
+        job: Mapping[str, Any] | None = None,
+        pools: Sequence[str] | None = None,
+        run_state: Mapping[str, Any] | str | None = None,
+        forecast: Mapping[str, Any] | str | None = None,
+        work_done: float | str | None = None,
+        at: datetime | str | None = None,
+        policy: str = "chc",
+        policy_params: Mapping[str, Any] | None = None,
+        slot_hours: float = 1.0,
+        job_id: str | None = None,
+        history_hours: float = DEFAULT_HISTORY_HOURS,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.market = MarketSpec.coerce(market)
+        self.job, self.pools, self.run_state, self.forecast = job, pools, run_state, forecast
+        self.work_done, self.at = work_done, at
+        self.policy, self.policy_params = policy, policy_params
+        self.slot_hours, self.job_id, self.history_hours = float(slot_hours), job_id, float(history_hours)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        at = forecast_instant(self.at, context)
+        state = _document(self.run_state, "run_state")
+        forecast = _document(self.forecast, "forecast")
+        run, forecasts = self._continue(state, at) if state else (self._start(context, at), {})
+        if forecast:
+            check_forecast(forecast, run, at)
+            forecasts[forecast["at"]] = forecast
+        policy = run.policy()
+        if hasattr(policy, "forecaster"):
+            policy.forecaster = GivenForecasts(forecasts, policy.forecaster)
+        elif forecast:
+            self.log.warning("policy %s plans without a forecast; the forecast given is not used", run.policy_label)
+        record = run.decide(self._work_done(run), at)
+        context["ti"].xcom_push(key=RUN_STATE_KEY, value={"run": run.to_state(), "forecasts": forecasts})
+        self.log.info("slot %d: %s, plan of %d slot(s) by %s", record.slot, record.allocation, len(record.plan or [1]), run.policy_label)
+        return {"slot": record.slot, "allocation": record.allocation, "plan": record.plan or [record.allocation], "policy": run.policy_label}
+
+    def _start(self, context: Any, at: datetime) -> OnlineRun:
+        if not self.job or not self.pools:
+            raise JobError("give job (the spec's job fields) and pools to start a run, or run_state to continue one")
+        job = Job.from_dict(dict(self.job, slot_hours=self.job.get("slot_hours", self.slot_hours)))
+        ti = context["ti"]
+        config = RunConfig(
+            job_id=self.job_id or job_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index if ti.map_index is not None else -1),
+            job=job,
+            pools=tuple(self.pools),
+            policy=self.policy,
+            policy_params=dict(self.policy_params or {}),
+        )
+        history = slot_market_at(self.market, at, job.slot_hours, config.pools, self.history_hours)
+        return OnlineRun.start(config, history, at)
+
+    def _continue(self, state: Mapping[str, Any], at: datetime) -> tuple[OnlineRun, dict[str, Any]]:
+        """The run of ``state``, moved on to the slot starting at ``at`` if its slot is decided."""
+        run = OnlineRun.from_state(state.get("run", state))
+        forecasts = dict(state.get("forecasts") or {})
+        current = run.market.start + timedelta(hours=(run.market.num_slots - 1) * run.market.slot_hours)
+        if run.records and run.records[-1].slot == run.slot:
+            if run.records[-1].applied is None:  # nothing says otherwise: the decision was applied
+                run.applied(_allocation(run.records[-1].allocation, run.config.pools))
+            current += timedelta(hours=run.market.slot_hours)
+            if format_timestamp(at) != format_timestamp(current):
+                raise ValueError(f"at {format_timestamp(at)}: the run's next slot starts at {format_timestamp(current)}; set at to it")
+            market = slot_market_at(self.market, at, run.market.slot_hours, run.config.pools, self.history_hours)
+            run.observe(market.spot_price[-1], market.available[-1])
+        elif format_timestamp(at) != format_timestamp(current):
+            raise ValueError(f"at {format_timestamp(at)}: the run's current slot starts at {format_timestamp(current)}; set at to it")
+        return run, forecasts
+
+    def _work_done(self, run: OnlineRun) -> float:
+        if self.work_done is None or self.work_done == "":
+            return run.work_done
+        try:
+            value = float(self.work_done)
+        except (TypeError, ValueError):
+            raise ValueError(f"work_done must be a number of work units, got {self.work_done!r}") from None
+        if not 0 <= value:
+            raise ValueError(f"work_done must be >= 0 work units, got {value!r}")
+        return value
+
+
+class GivenForecasts(Forecaster):
+    """Forecast documents by instant; any other instant goes to the policy's own forecaster."""
+
+    name = "given"
+
+    def __init__(self, documents: Mapping[str, Mapping[str, Any]], fallback: Forecaster) -> None:
+        self.documents, self.fallback = documents, fallback
+
+    def forecast(self, past: SlotMarket, horizon: int) -> Forecast:
+        check_request(past, horizon)
+        now = past.start + timedelta(hours=(past.num_slots - 1) * past.slot_hours)
+        document = self.documents.get(format_timestamp(now))
+        if document is None:
+            return self.fallback.forecast(past, horizon)
+        pools = [document["pools"][p] for p in past.pools]
+        given = min(len(p["spot_price"]) for p in pools)
+        if given < horizon:
+            raise ValueError(
+                f"the forecast for {document['at']} covers {given} slot(s) and the policy plans {horizon}; "
+                f"raise the forecast operator's horizon to >= {horizon}"
+            )
+        return Forecast(
+            spot_price=np.array([p["spot_price"][:horizon] for p in pools], float).T,
+            available=np.array([p["available"][:horizon] for p in pools], float).T,
+            models=tuple(str(p["model"]) for p in pools),
+        )
+
+
+def check_forecast(document: Mapping[str, Any], run: OnlineRun, at: datetime) -> None:
+    """Refuse a forecast made for another instant, slot length or set of pools than the run's."""
+    if "pools" not in document or "at" not in document or "slot_hours" not in document:
+        raise ValueError("forecast must be a forecast document (at, slot_hours, pools), as SpotMarketForecastOperator returns")
+    if document["at"] != format_timestamp(at):
+        raise ValueError(f"the forecast was made at {document['at']}, this slot starts at {format_timestamp(at)}; forecast at the same at")
+    if float(document["slot_hours"]) != run.market.slot_hours:
+        raise ValueError(f"the forecast's slot_hours {document['slot_hours']} differs from the run's {run.market.slot_hours}")
+    missing = [p for p in run.config.pools if p not in document["pools"]]
+    if missing:
+        raise ValueError(f"the forecast has no pool(s) {missing}; forecast the run's pools {list(run.config.pools)}")
+
+
+def _document(value: Mapping[str, Any] | str | None, name: str) -> dict[str, Any] | None:
+    """A JSON document from XCom: a dict, or its JSON text (a template rendered to a string)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"{name} is neither a dict nor JSON text; pass the task's .output or render_template_as_native_obj") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}")
+    return dict(value)
+
+
+def _allocation(data: Mapping[str, Any], pools: Sequence[str]) -> Allocation:
+    spot = data.get("spot", {})
+    return Allocation(tuple(int(spot.get(p, 0)) for p in pools), int(data.get("on_demand", 0)))

@@ -1,0 +1,122 @@
+"""Waits for the next moment a run must decide: a slot boundary, a preemption or the job's end.
+
+While the job trains, its operator is deferred: it holds no worker slot, and this trigger polls
+the backend from the triggerer. A poll is one ``status`` call in a thread (the local backend
+reads a few small files; a cloud backend makes one describe call), then an ``asyncio.sleep``
+until the next poll or the boundary, whichever comes first. Everything the trigger needs is in
+its arguments (backend spec, job, boundary as an ISO string, poll interval, preemptions and
+failures already known), so a triggerer that restarts rebuilds it from :meth:`SpotJobTrigger.serialize` and goes
+on waiting for the same boundary. The event carries what the operator needs to resume: the
+reason, the instant and the job's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator, Mapping
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_spotsched.backends.base import InstanceState, JobStatus, TrainingJob
+
+BOUNDARY, PREEMPTED, FINISHED, FAILED = "boundary", "preempted", "finished", "failed"
+
+
+def job_to_dict(job: TrainingJob) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "command": list(job.command),
+        "checkpoint_uri": job.checkpoint_uri,
+        "pools": list(job.pools),
+        "env": dict(job.env),
+    }
+
+
+def job_from_dict(data: Mapping[str, Any]) -> TrainingJob:
+    return TrainingJob(
+        job_id=data["job_id"],
+        command=tuple(data["command"]),
+        checkpoint_uri=data["checkpoint_uri"],
+        pools=tuple(data["pools"]),
+        env=dict(data.get("env") or {}),
+    )
+
+
+class SpotJobTrigger(BaseTrigger):
+    """Fires once: at ``boundary``, on a preemption beyond ``known_preemptions``, or at the job's end.
+
+    :param backend: a :class:`~airflow_provider_spotsched.hooks.backend_factory.BackendSpec` as a dict.
+    :param job: the :class:`TrainingJob` as a dict (see :func:`job_to_dict`).
+    :param boundary: ISO-8601 UTC instant of the next slot boundary.
+    :param poll_interval: seconds between status polls.
+    :param known_preemptions: preempted instances the operator has already seen.
+    :param known_failures: failed instances the operator has already seen (a retry restarts a
+        failed job; the failures of earlier tries stay in its status).
+    """
+
+    def __init__(
+        self,
+        backend: Mapping[str, Any],
+        job: Mapping[str, Any],
+        boundary: str,
+        poll_interval: float = 5.0,
+        known_preemptions: int = 0,
+        known_failures: int = 0,
+    ) -> None:
+        super().__init__()
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        self.backend = dict(backend)
+        self.job = dict(job)
+        self.boundary = boundary
+        self.poll_interval = float(poll_interval)
+        self.known_preemptions = int(known_preemptions)
+        self.known_failures = int(known_failures)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "backend": self.backend,
+                "job": self.job,
+                "boundary": self.boundary,
+                "poll_interval": self.poll_interval,
+                "known_preemptions": self.known_preemptions,
+                "known_failures": self.known_failures,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_backend
+
+        backend = await asyncio.to_thread(build_backend, BackendSpec.from_dict(self.backend))
+        job = job_from_dict(self.job)
+        boundary = datetime.fromisoformat(self.boundary)
+        while True:
+            status = await asyncio.to_thread(backend.status, job)
+            now = datetime.now(timezone.utc)
+            reason = self.reason(status, now, boundary)
+            if reason is not None:
+                yield TriggerEvent({"reason": reason, "time": now.isoformat(), "status": status.to_dict()})
+                return
+            await asyncio.sleep(max(min(self.poll_interval, (boundary - now).total_seconds()), 0.0))
+
+    def reason(self, status: JobStatus, now: datetime, boundary: datetime) -> str | None:
+        """Why the run must act now, or ``None`` to keep waiting (the job's end comes first)."""
+        if status.finished:
+            return FINISHED
+        if status.count(InstanceState.FAILED) > self.known_failures:
+            return FAILED
+        if status.preemptions > self.known_preemptions:
+            return PREEMPTED
+        if now >= boundary:
+            return BOUNDARY
+        return None
+
+    async def on_kill(self) -> None:
+        """The user killed the deferred task (mark failed, clear): end every instance of the job."""
+        from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_backend
+
+        backend = await asyncio.to_thread(build_backend, BackendSpec.from_dict(self.backend))
+        await asyncio.to_thread(backend.release, job_from_dict(self.job))

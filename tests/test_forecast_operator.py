@@ -1,0 +1,76 @@
+"""The forecast operator: the ``spotsched forecast`` document, from a trace or a history store."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from airflow_provider_spotsched import GCP_TRACE
+from airflow_provider_spotsched.cli import main
+from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.market.history import MarketHistoryStore
+from airflow_provider_spotsched.market.source import TraceFileSource, clip
+from airflow_provider_spotsched.market.trace import TraceError
+from airflow_provider_spotsched.operators.forecast import SpotMarketForecastOperator
+
+AT = "2025-10-11T04:10:00Z"
+POOLS = ["us-east4-a", "europe-west1-c"]
+WHOLE_TRACE_HOURS = 24 * 30.0  # more than the GCP trace holds before AT
+
+
+def cli_document(tmp_path, model: str, at_least: list[int]) -> dict:
+    out = tmp_path / "cli.json"
+    pools = ["--pools", ",".join(POOLS)]
+    extra = ["--at-least", *map(str, at_least)] if at_least else []
+    assert main(["forecast", "--trace", str(GCP_TRACE), "--at", AT, "--horizon", "6", "--model", model, *pools, *extra, "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("model", ["seasonal-naive", "markov-count"])
+def test_the_document_is_the_one_the_cli_writes(tmp_path, model):
+    operator = SpotMarketForecastOperator(
+        task_id="forecast", market="gcp", pools=POOLS, at=AT, model=model, horizon=6, at_least=[2, 4],
+        history_hours=WHOLE_TRACE_HOURS,
+    )
+    document = json.loads(json.dumps(operator.execute({})))  # as XCom stores it
+    assert document == cli_document(tmp_path, model, [2, 4])
+    assert set(document["pools"]["us-east4-a"]["p_available_at_least"]) == {"1", "2", "4"}
+
+
+def test_at_defaults_to_the_logical_date_and_reads_nothing_after_it(tmp_path):
+    operator = SpotMarketForecastOperator(task_id="forecast", market="gcp", pools=POOLS, model="persistence", horizon=3)
+    logical = datetime(2025, 10, 11, 4, 10, tzinfo=timezone.utc)
+    document = operator.execute({"logical_date": logical})
+    assert document["at"] == AT and document["slot_hours"] == 1.0
+    assert all(len(pool["spot_price"]) == 3 for pool in document["pools"].values())
+    # persistence repeats the state in force at AT: proof that the cut is at AT, not later
+    state = clip(TraceFileSource(GCP_TRACE).trace, logical - timedelta(minutes=10), logical)  # the tick at AT
+    assert document["pools"]["us-east4-a"]["spot_price"] == [float(state.pools["us-east4-a"].spot_price[-1])] * 3
+
+
+def test_a_history_store_is_a_market_too(tmp_path):
+    """Ticks recorded into a MarketHistoryStore forecast exactly as the trace they came from."""
+    spec = MarketSpec("trace", options={"path": "gcp"})
+    at = datetime(2025, 10, 11, 4, 10, tzinfo=timezone.utc)
+    MarketHistoryStore(tmp_path / "history").append(spec.observe(at - timedelta(days=3), at + timedelta(hours=1)))
+    common = dict(pools=POOLS, at=AT, model="seasonal-naive", horizon=4, history_hours=48.0)
+    from_store = SpotMarketForecastOperator(task_id="a", market={"kind": "history", "options": {"root": str(tmp_path / "history")}}, **common)
+    from_trace = SpotMarketForecastOperator(task_id="b", market="gcp", **common)
+    assert from_store.execute({}) == from_trace.execute({})
+
+
+def test_bad_input_is_refused_with_the_field_to_fix():
+    with pytest.raises(ValueError, match="model 'prophet' is unknown"):
+        SpotMarketForecastOperator(task_id="f", market="gcp", model="prophet")
+    with pytest.raises(ValueError, match="horizon must be 1..48"):
+        SpotMarketForecastOperator(task_id="f", market="gcp", horizon=100)
+    with pytest.raises(ValueError, match="neither a MarketSpec"):
+        SpotMarketForecastOperator(task_id="f", market=42)
+    with pytest.raises(ValueError, match="needs option"):
+        SpotMarketForecastOperator(task_id="f", market={"kind": "aws", "options": {}})
+    with pytest.raises(ValueError, match="at 'yesterday' is not an ISO-8601"):
+        SpotMarketForecastOperator(task_id="f", market="gcp", at="yesterday").execute({})
+    with pytest.raises(TraceError, match="pool"):
+        SpotMarketForecastOperator(task_id="f", market="gcp", pools=["mars-1a"], at=AT).execute({})

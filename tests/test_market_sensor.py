@@ -1,0 +1,190 @@
+"""The market sensor's trigger on a synthetic trace replayed fast: each start condition, the
+timeout's on-demand fallback, a serialise/rebuild round trip (a triggerer restart), and the
+sensor run in a small DAG with ``dag.test()`` (in the throwaway deployment of tests.airflow_env).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_spotsched.sensors.market import SpotMarketSensor
+from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
+from tests.airflow_env import AirflowHome, airflow_home  # noqa: F401  (the session fixture)
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+SWITCH = T0 + timedelta(hours=72)  # the synthetic market changes here
+JOB = {"work": 400.0, "deadline_hours": 8.0, "max_instances": 2, "throughput": {"alpha": 100.0}, "value": 50.0}
+
+
+def write_trace(path: Path, before: dict[str, tuple[float, int]], after: dict[str, tuple[float, int]]) -> Path:
+    """Ten-minute ticks over four days: each pool's (price, available) before and after SWITCH."""
+    rows = ["timestamp,market,spot_price,available,on_demand_price"]
+    for k in range(4 * 24 * 6):
+        when = T0 + timedelta(minutes=10 * k)
+        for pool, (price, available) in (before if when < SWITCH else after).items():
+            rows.append(f"{when:%Y-%m-%dT%H:%M:%SZ},{pool},{price},{available},10.0")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def trigger(trace: Path, conditions: dict[str, Any], timeout_s: float = 30.0, start: datetime = SWITCH) -> SpotMarketTrigger:
+    """A trigger replaying ``trace`` from ``start`` at one slot per second, polling every 0.1 s."""
+    now = datetime.now(timezone.utc)
+    return SpotMarketTrigger(
+        market={"kind": "trace", "options": {"path": str(trace)}},
+        pools=["pool-a", "pool-b"],
+        conditions=conditions,
+        timeout_at=(now + timedelta(seconds=timeout_s)).isoformat(),
+        poll_interval=0.1,
+        replay={"origin": now.isoformat(), "market_start": start.isoformat(), "seconds_per_slot": 1.0},
+    )
+
+
+def rebuilt(original: SpotMarketTrigger) -> SpotMarketTrigger:
+    """The trigger as a restarted triggerer rebuilds it: from its serialised, JSON-stored form."""
+    path, kwargs = original.serialize()
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+
+
+def first_event(trigger: SpotMarketTrigger) -> dict[str, Any]:
+    async def first() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(first())
+
+
+def test_serialize_round_trip_keeps_every_argument_and_the_absolute_timeout(tmp_path):
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 0), "pool-b": (3.0, 0)}, {"pool-a": (3.0, 0), "pool-b": (3.0, 0)})
+    original = trigger(trace, {"price_below": 2.0, "min_available": 2, "job": JOB, "forecaster": "persistence"})
+    copy = rebuilt(original)
+    assert copy.serialize() == original.serialize()
+    kwargs = original.serialize()[1]
+    assert set(kwargs) == {"market", "pools", "conditions", "timeout_at", "slot_hours", "poll_interval", "history_hours", "replay"}
+    assert datetime.fromisoformat(kwargs["timeout_at"].replace("Z", "+00:00")) > datetime.now(timezone.utc)
+    assert kwargs["conditions"]["job"] == JOB and kwargs["conditions"]["policy"] == "chc"
+
+
+def test_fires_when_a_spot_price_drops_under_the_threshold(tmp_path):
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 4), "pool-b": (2.5, 4)}, {"pool-a": (1.5, 4), "pool-b": (2.5, 4)})
+    event = first_event(rebuilt(trigger(trace, {"price_below": 2.0}, start=SWITCH - timedelta(hours=1))))
+    assert event["start"] is True and event["reason"] == "price" and event["fallback"] is None
+    assert event["details"] == {"pool": "pool-a", "spot_price": 1.5, "available": 4}
+    assert datetime.fromisoformat(event["market_time"].replace("Z", "+00:00")) >= SWITCH  # not before the drop
+
+
+def test_a_cheap_pool_with_no_capacity_is_not_worth_starting_on(tmp_path):
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.0, 0), "pool-b": (3.0, 4)}, {"pool-a": (1.0, 0), "pool-b": (3.0, 4)})
+    event = first_event(trigger(trace, {"price_below": 2.0}, timeout_s=1.0))
+    assert event["reason"] == "timeout"
+
+
+def test_fires_when_enough_instances_are_likely_available_ahead(tmp_path):
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 1), "pool-b": (3.0, 0)}, {"pool-a": (3.0, 1), "pool-b": (3.0, 3)})
+    conditions = {"min_available": 2, "min_probability": 0.9, "hours_ahead": 3.0, "forecaster": "persistence"}
+    event = first_event(rebuilt(trigger(trace, conditions, start=SWITCH - timedelta(hours=1))))
+    assert event["reason"] == "availability"
+    assert event["details"] == {"pool": "pool-b", "probability": 1.0, "slots": 3}
+    assert datetime.fromisoformat(event["market_time"].replace("Z", "+00:00")) >= SWITCH
+
+
+def test_fires_when_the_schedulers_plan_starts_on_spot(tmp_path):
+    # spot at 3 USD/h against 10 on demand, two instances in pool-a: CHC starts the job on spot now
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 2), "pool-b": (9.0, 2)}, {"pool-a": (3.0, 2), "pool-b": (9.0, 2)})
+    event = first_event(rebuilt(trigger(trace, {"job": JOB})))
+    assert event["reason"] == "plan"
+    assert event["details"]["allocation"]["spot"].get("pool-a", 0) >= 1
+    assert event["details"]["plan"][0] == event["details"]["allocation"]
+
+
+def test_the_plan_condition_waits_while_the_scheduler_would_not_start_on_spot(tmp_path):
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 0), "pool-b": (9.0, 0)}, {"pool-a": (3.0, 0), "pool-b": (9.0, 0)})
+    event = first_event(trigger(trace, {"job": JOB}, timeout_s=1.0))
+    assert event["reason"] == "timeout"
+
+
+def test_timeout_falls_back_to_on_demand_instead_of_failing(tmp_path):
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 0), "pool-b": (3.0, 0)}, {"pool-a": (3.0, 0), "pool-b": (3.0, 0)})
+    original = trigger(trace, {"price_below": 2.0, "min_available": 1, "forecaster": "persistence"}, timeout_s=0.5)
+    event = first_event(original)
+    assert event["start"] is True and event["reason"] == "timeout" and event["fallback"] == "on-demand"
+    assert event["details"]["timeout_at"] == original.timeout_at
+    assert first_event(rebuilt(original))["reason"] == "timeout"  # restarted after the timeout: fires at once
+
+
+def test_bad_conditions_are_refused_with_the_field_to_fix(tmp_path):
+    with pytest.raises(ValueError, match="no start condition"):
+        StartConditions()
+    with pytest.raises(ValueError, match="min_probability"):
+        StartConditions(min_available=2, min_probability=1.5)
+    with pytest.raises(ValueError, match="deadline_hours"):
+        StartConditions(job={**JOB, "deadline_hours": 1.0})
+    with pytest.raises(ValueError, match="market_start and seconds_per_slot"):
+        SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, market_start="2025-10-11T04:00:00Z")
+
+
+def test_the_sensor_defers_at_once_and_returns_the_event():
+    from airflow.sdk.exceptions import TaskDeferred
+
+    sensor = SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, timeout=timedelta(hours=2))
+    before = datetime.now(timezone.utc)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    assert deferred.value.method_name == "execute_complete" and isinstance(deferred.value.trigger, SpotMarketTrigger)
+    timeout_at = datetime.fromisoformat(deferred.value.trigger.timeout_at.replace("Z", "+00:00"))
+    assert timedelta(hours=2) - timedelta(seconds=1) <= timeout_at - before <= timedelta(hours=2, seconds=60)
+    event = {"start": True, "reason": "timeout", "fallback": "on-demand", "details": {"timeout_at": "x"}}
+    assert sensor.execute_complete({}, event) == event
+
+
+SENSOR_DAG = '''
+import json
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+
+from airflow_provider_spotsched.sensors.market import SpotMarketSensor
+
+with DAG("spotsched_market_sensor_test", schedule=None, start_date=datetime(2025, 1, 1), catchup=False) as dag:
+    wait = SpotMarketSensor(
+        task_id="wait_for_market", market={trace!r}, pools=["pool-a", "pool-b"], price_below=2.0,
+        market_start={start!r}, seconds_per_slot=1.0, poke_interval=0.2, timeout=120,
+    )
+
+    @task
+    def start_training(event: dict) -> None:
+        Path({out!r}).write_text(json.dumps(event))
+
+    start_training(wait.output)
+
+if __name__ == "__main__":
+    dag.test()
+'''
+
+
+def test_the_sensor_runs_in_a_dag_and_hands_its_event_downstream(tmp_path, airflow_home: AirflowHome):
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 4), "pool-b": (2.5, 4)}, {"pool-a": (1.5, 4), "pool-b": (2.5, 4)})
+    out = tmp_path / "event.json"
+    dags = tmp_path / "dags"  # dag.test() runs a DAG of the DAGs folder (it serialises it from there)
+    dags.mkdir()
+    dag_file = dags / "sensor_dag.py"
+    start = (SWITCH - timedelta(hours=1)).isoformat()
+    dag_file.write_text(SENSOR_DAG.format(trace=str(trace), start=start, out=str(out)))
+    env = {**airflow_home.env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
+    done = subprocess.run([sys.executable, str(dag_file)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    event = json.loads(out.read_text())
+    assert event["reason"] == "price" and event["details"]["pool"] == "pool-a" and event["start"] is True

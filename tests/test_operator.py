@@ -1,0 +1,289 @@
+"""The operator's loop driven by hand: re-attach on retry, kill, failure, refusals, the trigger.
+
+These tests call ``execute``/``execute_slot`` directly with a minimal task context (a
+``task_state_store`` and a task instance that records XComs, :class:`TaskContext`) and run the
+trigger's first event with asyncio, as the triggerer would, after a serialise/rebuild round trip.
+The backend is the real local one on the replayed GCP trace; the workers are tests/fake_worker.py
+(the runtime's contract in milliseconds). tests/test_operator_e2e.py runs the same operator in a
+real Airflow deployment with the real runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_provider_spotsched.backends.base import InstanceState
+from airflow_provider_spotsched.backends.local_processes import marked
+from airflow_provider_spotsched.hooks.backend_factory import ConnectionMissingError
+from airflow_provider_spotsched.hooks.local import LocalSpotHook
+from airflow_provider_spotsched.operators.fine_tune import (
+    STATE_KEY,
+    DeadlineSpotFineTuneOperator,
+    TrainingFailedError,
+    job_id_for,
+)
+from airflow_provider_spotsched.scheduling.model import JobError
+from airflow_provider_spotsched.scheduling.online import BudgetError
+from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger, job_from_dict
+
+FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
+POOLS = ["us-east4-a", "europe-west1-c"]
+MARKET_START = "2025-10-11T03:10:00Z"  # us-east4-a loses its capacity in slot 2
+
+
+class TaskStateStore:
+    """``context["task_state_store"]``: JSON values by key, kept across tries of one task."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return json.loads(self.values[key]) if key in self.values else default
+
+    def set(self, key: str, value: Any, retention: Any = None) -> None:
+        self.values[key] = json.dumps(value)
+
+
+class TaskInstance:
+    """The few task-instance fields the operator reads, and the XComs it pushes."""
+
+    def __init__(self, try_number: int = 1) -> None:
+        self.dag_id, self.task_id, self.run_id, self.map_index = "tests", "fine_tune", "manual__1", -1
+        self.try_number = try_number
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = json.loads(json.dumps(value))
+
+
+class TaskContext(dict):
+    def __init__(self, store: TaskStateStore, try_number: int = 1) -> None:
+        super().__init__(ti=TaskInstance(try_number), task_state_store=store)
+
+
+def operator(tmp_path: Path, samples: int = 160, worker: dict | None = None, **overrides: Any) -> DeadlineSpotFineTuneOperator:
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({"samples": samples, "step_s": 0.05, **(worker or {})}))
+    checkpoint = tmp_path / "checkpoint"
+    fields: dict[str, Any] = dict(
+        task_id="fine_tune",
+        pools=POOLS,
+        work=samples,
+        deadline=6.0,
+        hard_deadline_factor=1.5,
+        throughput={"alpha": 60.0},
+        value=100.0,
+        max_instances=2,
+        reconfig_overhead_hours=0.2,
+        command=[sys.executable, str(FAKE_WORKER), "--config", str(config), "--checkpoint-uri", str(checkpoint)],
+        checkpoint_uri=str(checkpoint),
+        backend_options={"workdir": str(tmp_path / "local"), "seconds_per_slot": 3.0, "market_start": MARKET_START},
+        policy="uniform-progress",
+        forecaster="seasonal-naive",
+        poll_interval=0.2,
+    )
+    fields.update(overrides)
+    return DeadlineSpotFineTuneOperator(**fields)
+
+
+def backend(tmp_path: Path):
+    return LocalSpotHook(workdir=str(tmp_path / "local")).backend()
+
+
+def first_event(deferred: TaskDeferred) -> dict[str, Any]:
+    """The trigger's first event, after a serialise/rebuild round trip (a triggerer restart)."""
+    path, kwargs = deferred.trigger.serialize()
+    module, name = path.rsplit(".", 1)
+    trigger = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+
+    async def first() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(first())
+
+
+def start(op: DeadlineSpotFineTuneOperator, context: TaskContext) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    return deferred.value
+
+
+def drive(op: DeadlineSpotFineTuneOperator, context: TaskContext, deferred: TaskDeferred) -> dict[str, Any]:
+    """Resume on every event until the operator returns its result."""
+    while True:
+        assert deferred.method_name == "execute_slot"
+        try:
+            return op.execute_slot(context, first_event(deferred))
+        except TaskDeferred as again:
+            deferred = again
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting after {timeout_s} s"
+        time.sleep(0.1)
+
+
+def nothing_left(tmp_path: Path, job_id: str) -> bool:
+    return not marked(str(tmp_path / "local" / "jobs" / job_id))
+
+
+def test_a_retry_re_attaches_to_the_running_job_without_launching_again(tmp_path):
+    store = TaskStateStore()
+    first_try = TaskContext(store)
+    start(operator(tmp_path), first_try)  # then the worker running this try dies: nothing is released
+    job = job_from_dict(store.get(STATE_KEY)["job"])
+    running = backend(tmp_path).status(job)
+    assert running.active(tuple(POOLS)).total >= 1
+
+    retry = TaskContext(store, try_number=2)
+    op = operator(tmp_path)
+    deferred = start(op, retry)
+    after = backend(tmp_path).status(job)
+    assert [i.instance_id for i in after.instances] == [i.instance_id for i in running.instances]
+    assert [r["slot"] for r in store.get(STATE_KEY)["run"]["records"]][0] == 0
+
+    result = drive(op, retry, deferred)
+    log = retry["ti"].xcoms["decision_log"]
+    assert [r["slot"] for r in log] == list(range(len(log))) and result["slots"] == len(log)
+    assert result["cost"] == pytest.approx(billed(log, result))
+    assert result["savings"] == pytest.approx(result["on_demand_cost"] - result["cost"])
+    assert nothing_left(tmp_path, job.job_id)
+    assert all(i.state is not InstanceState.RUNNING for i in backend(tmp_path).status(job).instances)
+
+
+def billed(log: list[dict], result: dict) -> float:
+    """The cost rebuilt from the decision log: each slot's applied allocation at its prices."""
+    total = 0.0
+    for record in log:
+        applied = record["applied"] or {"spot": {}, "on_demand": 0}
+        hourly = sum(n * record["market"][p]["spot_price"] for p, n in applied["spot"].items())
+        hourly += applied["on_demand"] * record["on_demand_price"]
+        last = record is log[-1]
+        total += hourly * ((result["completion_hours"] - record["slot"]) if last else 1.0)
+    return total
+
+
+def test_kill_releases_every_instance_and_keeps_the_checkpoint(tmp_path):
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, worker={"samples": 10_000})
+    start(op, context)
+    job = job_from_dict(context["task_state_store"].get(STATE_KEY)["job"])
+    progress = tmp_path / "checkpoint" / "progress.json"
+    wait_for(progress.exists)
+    assert not nothing_left(tmp_path, job.job_id)
+    op.on_kill()
+    assert nothing_left(tmp_path, job.job_id)
+    assert {i.state for i in backend(tmp_path).status(job).instances} <= {InstanceState.RELEASED, InstanceState.PREEMPTED}
+    assert json.loads(progress.read_text())["samples_done"] > 0
+
+
+def test_killing_the_deferred_task_releases_through_the_trigger(tmp_path):
+    context = TaskContext(TaskStateStore())
+    deferred = start(operator(tmp_path, worker={"samples": 10_000}), context)
+    job = job_from_dict(deferred.trigger.job)
+    asyncio.run(deferred.trigger.on_kill())
+    assert nothing_left(tmp_path, job.job_id)
+    assert all(not i.state in (InstanceState.RUNNING, InstanceState.PENDING) for i in backend(tmp_path).status(job).instances)
+
+
+def test_a_failing_training_command_fails_the_task_with_its_detail_and_releases(tmp_path):
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, worker={"samples": 10_000, "fail_rank": 0, "fail_after_steps": 3})
+    deferred = start(op, context)
+    job = job_from_dict(deferred.trigger.job)
+    with pytest.raises(TrainingFailedError, match="simulated crash at step 3"):
+        drive(op, context, deferred)
+    assert nothing_left(tmp_path, job.job_id)
+
+
+def test_a_retry_after_a_failure_relaunches_from_the_checkpoint_and_finishes_the_run(tmp_path):
+    store = TaskStateStore()
+    first_try = TaskContext(store)
+    op = operator(tmp_path, samples=300, worker={"fail_rank": 0, "fail_after_steps": 40})
+    with pytest.raises(TrainingFailedError):
+        drive(op, first_try, start(op, first_try))
+    failed_at = json.loads((tmp_path / "checkpoint" / "progress.json").read_text())["samples_done"]
+    decided = store.get(STATE_KEY)["run"]["records"]
+    assert failed_at > 0 and decided
+
+    (tmp_path / "worker.json").write_text(json.dumps({"samples": 300, "step_s": 0.05}))  # the fault is fixed
+    retry = TaskContext(store, try_number=2)
+    op = operator(tmp_path, samples=300)
+    result = drive(op, retry, start(op, retry))
+    log = retry["ti"].xcoms["decision_log"]
+    assert log[: len(decided)] == [{**r, "preemptions": log[i]["preemptions"]} for i, r in enumerate(decided)]
+    assert [r["slot"] for r in log] == list(range(result["slots"]))
+    assert json.loads((tmp_path / "checkpoint" / "progress.json").read_text())["samples_done"] == 300
+    assert result["cost"] == pytest.approx(billed(log, result))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [
+        ({"work": 100_000, "samples": 100_000}, JobError, r"job is infeasible: .* set deadline_hours >="),
+        ({"pools": ["us-east4-a", "mars-1a"]}, JobError, r"unknown pool\(s\) \['mars-1a'\]"),
+        ({"budget": 0.5}, BudgetError, r"budget=0.5 USD cannot cover the job.* raise the budget to >="),
+        ({"compute_conn_id": "no_such_conn"}, ConnectionMissingError,
+         r"compute_conn_id='no_such_conn': no such connection\. Create it with `airflow connections add no_such_conn "
+         r"--conn-type spotsched_local"),
+        ({"backend": "ec2", "compute_conn_id": "no_aws"}, ConnectionMissingError,
+         r"compute_conn_id='no_aws': no such connection\. Create it with .* --conn-type aws"),
+        ({"deadline": "2020-01-01T00:00:00Z"}, JobError, "has passed"),
+        ({"work": 10, "steps": 3, "batch_size": 8}, JobError, r"size disagrees: work = 10, steps \* batch_size = 24"),
+    ],
+    ids=["infeasible", "unknown-pool", "budget", "missing-connection", "missing-ec2-connection", "past-deadline",
+         "size-conflict"],
+)
+def test_bad_parameters_fail_before_anything_launches(tmp_path, overrides, error, message):
+    samples = overrides.pop("samples", 160)
+    with pytest.raises(error, match=message):
+        operator(tmp_path, samples=samples, **overrides).execute(TaskContext(TaskStateStore()))
+    jobs = tmp_path / "local" / "jobs"
+    assert not jobs.exists() or not any(jobs.iterdir())
+
+
+def test_a_spotsched_local_connection_configures_the_backend(tmp_path, monkeypatch):
+    extra = {"workdir": str(tmp_path / "from-conn"), "seconds_per_slot": 3.0, "market_start": MARKET_START}
+    monkeypatch.setenv("AIRFLOW_CONN_MY_LOCAL", json.dumps({"conn_type": "spotsched_local", "extra": extra}))
+    settings = LocalSpotHook("my_local").settings()
+    assert settings.workdir == tmp_path / "from-conn" and settings.seconds_per_slot == 3.0
+    assert LocalSpotHook("my_local", seconds_per_slot=1.5).settings().seconds_per_slot == 1.5
+    with pytest.raises(ValueError, match=r"connection 'my_local': seconds_per_slot must be a number of seconds > 0"):
+        LocalSpotHook("my_local", seconds_per_slot=-1).settings()
+
+
+def test_trigger_serialises_every_argument():
+    trigger = SpotJobTrigger(
+        backend={"name": "local", "conn_id": None, "options": {"workdir": "/tmp/x"}},
+        job={"job_id": "j-1", "command": ["python", "train.py"], "checkpoint_uri": "/tmp/c", "pools": ["a"], "env": {}},
+        boundary="2026-01-01T00:00:00+00:00",
+        poll_interval=2.5,
+        known_preemptions=3,
+        known_failures=1,
+    )
+    path, kwargs = trigger.serialize()
+    assert path == "airflow_provider_spotsched.triggers.spot_job.SpotJobTrigger"
+    rebuilt = SpotJobTrigger(**json.loads(json.dumps(kwargs)))
+    assert rebuilt.serialize() == (path, kwargs)
+    assert kwargs["known_preemptions"] == 3 and kwargs["known_failures"] == 1 and kwargs["poll_interval"] == 2.5
+
+
+def test_job_id_is_stable_and_a_valid_cloud_label():
+    job_id = job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-01T00:00:00+00:00")
+    assert job_id == job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-01T00:00:00+00:00")
+    assert job_id != job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-02T00:00:00+00:00")
+    assert len(job_id) <= 63 and all(c.islower() or c.isdigit() or c == "-" for c in job_id)
