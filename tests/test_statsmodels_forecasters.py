@@ -20,7 +20,10 @@ from airflow_provider_spotsched.forecast.series import (
     FitError,
     FittedSeries,
     SeriesForecast,
+    Stitched,
     count_distribution,
+    fit_persistence,
+    seasonal_naive_fit,
     seasonal_strength,
 )
 from tests.markets import make_market
@@ -94,6 +97,7 @@ def test_the_new_forecasters_are_built_by_name_with_their_parameters():
         ("auto", {"origins": 0}, "origins must be an integer >= 1"),
         ("auto", {"backtest_horizon": True}, "backtest_horizon must be an integer >= 1"),
         ("auto", {"margin": 1.0}, "margin must be a number in"),
+        ("auto", {"bucket_ends": (6, 2)}, "bucket_ends must be increasing integers"),
     ],
 )
 def test_bad_parameters_are_refused_by_name(name, params, message):
@@ -303,6 +307,11 @@ def test_holt_winters_update_and_forecast_match_statsmodels():
     np.testing.assert_allclose(ours.upper, frame["pi_upper"], rtol=1e-6)
 
 
+def median(distribution: np.ndarray) -> np.ndarray:
+    """The smallest count whose cumulative probability reaches one half, per row."""
+    return np.argmax(np.cumsum(distribution, axis=1) >= 0.5 - 1e-12, axis=1).astype(float)
+
+
 def test_the_markov_chain_counts_moves_with_additive_smoothing():
     chain = MarkovCount(np.array([0, 1, 1, 2, 1, 1.0]), smoothing=1.0)
     # moves: 0->1, 1->1 (twice), 1->2, 2->1; a row gets 1/3 pseudo-move per state
@@ -310,7 +319,7 @@ def test_the_markov_chain_counts_moves_with_additive_smoothing():
     np.testing.assert_allclose(chain.transition_matrix().sum(axis=1), 1.0)
     result = chain.forecast(3)
     np.testing.assert_allclose(result.distribution[0], chain.transition_matrix()[1])
-    np.testing.assert_allclose(result.mean, result.distribution @ np.arange(3))
+    np.testing.assert_allclose(result.mean, median(result.distribution))
     gappy = MarkovCount(np.array([0, 4, 4, 0, 4.0]), smoothing=1.0)
     assert (gappy.forecast(5).distribution[:, 1:4] == 0).all()  # counts never seen get no mass
     updated = chain.update(np.array([0, 1, 1, 2, 1, 1, 3, 0.0]))
@@ -322,7 +331,7 @@ def test_markov_count_gives_the_probability_of_at_least_n():
     assert forecast.models[0] == "persistence+markov-count"
     dist = forecast.available_distribution[:, 0, :5]
     np.testing.assert_allclose(forecast.p_available_at_least(3)[:, 0], dist[:, 3:].sum(axis=1))
-    np.testing.assert_allclose(forecast.available[:, 0], dist @ np.arange(5))
+    np.testing.assert_allclose(forecast.available[:, 0], median(forecast.available_distribution[:, 0]))
 
 
 def test_count_distribution_matches_the_interval_and_keeps_a_certain_point():
@@ -337,3 +346,67 @@ def test_seasonal_strength_separates_a_daily_cycle_from_noise():
     assert seasonal_strength(np.sin(2 * np.pi * hours / 24), 24) > 0.95
     assert seasonal_strength(np.random.default_rng(2).standard_normal(240), 24) < 0.2
     assert seasonal_strength(np.ones(30), 24) == 0.0  # less than two seasons
+
+
+def test_stitched_takes_each_lead_from_its_segments_model():
+    y = MARKET.available[:80, 0].astype(float)
+    persistence, seasonal = fit_persistence(y), seasonal_naive_fit(SEASON)(y)
+    stitched = Stitched([persistence, seasonal], [(1, 0), (3, 1), (5, 0)], top=None)
+    assert stitched.label == "persistence@1-2/seasonal-naive@3-4/persistence@5-"
+    result, p, s = stitched.forecast(8), persistence.forecast(8), seasonal.forecast(8)
+    for part in ("mean", "lower", "upper"):
+        ours, mine, theirs = getattr(result, part), getattr(p, part), getattr(s, part)
+        np.testing.assert_array_equal(ours, np.concatenate([mine[:2], theirs[2:4], mine[4:]]))
+    assert result.distribution is None
+    np.testing.assert_array_equal(stitched.forecast(1).mean, p.mean[:1])  # a short horizon uses the first model only
+
+
+def test_stitched_counts_stitch_the_distribution_too():
+    y = MARKET.available[:80, 0].astype(float)
+    chain = MarkovCount(y, 0.1)
+    top = int(y.max())
+    stitched = Stitched([fit_persistence(y), chain], [(1, 0), (3, 1)], top=top)
+    result, p = stitched.forecast(6), fit_persistence(y).forecast(6)
+    np.testing.assert_allclose(result.distribution.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(result.distribution[2:], chain.forecast(6).distribution[2:])
+    # persistence has no distribution of its own: the discretised normal of its clipped interval
+    lower, upper = np.minimum(np.clip(p.lower, 0, top), p.mean), np.maximum(np.clip(p.upper, 0, top), p.mean)
+    np.testing.assert_allclose(result.distribution[:2], count_distribution(p.mean, lower, upper, top)[:2])
+    updated = stitched.update(np.append(y, 0.0))
+    assert updated.components[1].history.size == 81 and updated.label == stitched.label
+
+
+def test_auto_stitches_the_best_model_per_lead_bucket(monkeypatch):
+    """Persistence wins the first two leads, seasonal naive the rest: the forecast stitches them."""
+    scores = {"persistence": [1, 1, 5, 5, 5, 5], "seasonal-naive": [3, 3, 1, 1, 1, 1]}
+    monkeypatch.setattr(
+        AutoForecaster, "backtest", lambda self, candidate, *rest: np.array(scores.get(candidate.name, [9.0] * 6))
+    )
+    past = MARKET.prefix(80)
+    forecast = build("auto").forecast(past, 6)
+    assert forecast.models[0] == "persistence@1-2/seasonal-naive@3-+persistence@1-2/seasonal-naive@3-"
+    y = past.spot_price[:, 0].astype(float)
+    first, rest = fit_persistence(y).forecast(6), seasonal_naive_fit(SEASON)(y).forecast(6)
+    expected = np.concatenate([first.mean[:2], rest.mean[2:]])
+    np.testing.assert_allclose(forecast.spot_price[:, 0], expected)
+    np.testing.assert_allclose(forecast.available_distribution.sum(axis=2), 1.0)
+
+
+def test_auto_keeps_one_model_when_it_wins_every_bucket_and_persistence_needs_the_margin(monkeypatch):
+    scores = {"persistence": [1.0] * 6, "seasonal-naive": [0.97] * 6}  # 3% better: inside the 5% margin
+    monkeypatch.setattr(
+        AutoForecaster, "backtest", lambda self, candidate, *rest: np.array(scores.get(candidate.name, [9.0] * 6))
+    )
+    assert build("auto").forecast(MARKET.prefix(80), 6).models[0] == "persistence+persistence"
+
+
+def test_the_chain_forecasts_the_median_of_a_full_or_empty_pool():
+    """A pool that sticks at full (8) or empty (0) for hours: the expectation drifts to a count it
+    never takes, the median stays on a mode, and the distribution is unchanged."""
+    y = np.tile(np.repeat([8.0, 0.0], 6), 8)[:-9]  # now full, three slots into a run of six
+    result = MarkovCount(y, 0.1).forecast(24)
+    expectation = result.distribution @ np.arange(9)
+    assert set(result.mean) <= {0.0, 8.0} and result.mean[0] == 8.0
+    assert ((expectation > 0.5) & (expectation < 7.5)).any()
+    np.testing.assert_allclose(result.mean, median(result.distribution))
+    assert (result.lower <= result.mean).all() and (result.mean <= result.upper).all()

@@ -1,27 +1,35 @@
-"""Automatic model choice per pool and series by a rolling-origin backtest on the past alone.
+"""Automatic model choice per pool, series and lead time by a rolling-origin backtest on the past alone.
 
 No model suits every pool: AWS prices drift like a random walk, GCP prices never move, some
-counts follow the working day and others jump between full and empty. So for each pool, and
-separately for its price and its availability series, the candidates are backtested on the
-history the forecaster was given, nothing later:
+counts follow the working day and others jump between full and empty. And no model suits every
+lead time: an hour ahead the last value is hard to beat, a day ahead a daily profile may win. So
+for each pool, and separately for its price and its availability series, the candidates are
+backtested on the history the forecaster was given, nothing later:
 
 * price candidates: persistence, seasonal naive, ARIMA, Holt-Winters;
   availability candidates: persistence, seasonal naive, the Markov count chain, Holt-Winters
   (clipped to [0, the largest count seen]);
-* ``origins`` forecast origins, the last ``backtest_horizon`` slots before now and every half
-  horizon before that; each candidate is fitted once on the history before the first origin
-  and updated (parameters kept) to each later origin, as it would be between refits;
-* the score is the mean absolute error over horizons 1..``backtest_horizon`` and origins; the
-  lowest wins, ties going to the simpler model (the order above), and a model displaces
-  persistence only when it beats persistence's score by more than ``margin`` (default 5%): a
-  few origins make a noisy test, and a random walk seen for a few days can look seasonal by
-  chance. A history too short for one origin after ``MIN_TRAINING`` slots ranks the candidates
-  in that order: persistence first.
+* ``origins`` (default 10) forecast origins, the last ``backtest_horizon`` slots before now and
+  every half horizon before that (with hourly slots: about five and a half days of the past),
+  those with at least ``MIN_TRAINING`` slots before them; each candidate is fitted once on the
+  history before the first origin and updated (parameters kept) to each later origin, as it
+  would be between refits. More origins over a longer window make the choice less a matter of
+  the last day or two;
+* the score is the mean absolute error per lead-time bucket (``bucket_ends``, default leads 1-2,
+  3-6 and 7 on) over its leads and the origins. In each bucket the lowest wins, ties going to the
+  simpler model (the order above), and a model displaces persistence only when it beats
+  persistence's score by more than ``margin`` (default 5%): a random walk seen for a few days
+  can look seasonal by chance. Where buckets have different winners the forecast stitches them
+  (:class:`~.series.Stitched`: point, interval and count distribution of each lead from its
+  bucket's model; the last bucket's model forecasts every later lead too), labelled like
+  ``persistence@1-2/holt-winters(N,A)@3-``. A history too short for one origin ranks the
+  candidates in that order: persistence first.
 
-The ranking is kept for ``reselect_every`` slots; the chosen model is refitted on the whole
-history every ``refit_every`` slots and updated in between, so the hourly call costs one state
-update per series. A candidate whose fit raises, does not converge or forecasts non-finite
-values scores worst in the backtest, and the next in the ranking replaces it when it fails
+The ranking (the stitch or single winner first, then the candidates by their score over all
+leads) is kept for ``reselect_every`` slots; the chosen models are refitted on the whole history
+every ``refit_every`` slots and updated in between, so the hourly call costs one state update per
+series and model. A candidate whose fit raises, does not converge or forecasts non-finite values
+scores worst in the backtest, and the next in the ranking replaces the choice when it fails
 later, each with a logged warning (:class:`~.series.SeriesForecaster`). ``Forecast.models``
 names the choice per pool as ``price-model+availability-model``.
 """
@@ -42,6 +50,7 @@ from airflow_provider_spotsched.forecast.series import (
     check_int,
     fit_persistence,
     seasonal_naive_fit,
+    stitched_fit,
 )
 
 logger = logging.getLogger(__name__)
@@ -50,7 +59,8 @@ MIN_TRAINING = 48  # slots a candidate is fitted on before the first backtest or
 
 
 class AutoForecaster(SeriesForecaster):
-    """The backtest's best model per pool and series, reselected and refitted on a schedule."""
+    """The backtest's best model per pool, series and lead-time bucket, reselected and refitted on a
+    schedule."""
 
     name = "auto"
 
@@ -58,10 +68,11 @@ class AutoForecaster(SeriesForecaster):
         self,
         refit_every: int = 24,
         reselect_every: int = 168,
-        origins: int = 3,
+        origins: int = 10,
         backtest_horizon: int = 24,
         season_slots: int = 24,
         margin: float = 0.05,
+        bucket_ends: Sequence[int] = (2, 6),
     ) -> None:
         super().__init__(refit_every)
         self.season_slots = check_int("season_slots", season_slots, 1, "slots per season")
@@ -73,6 +84,15 @@ class AutoForecaster(SeriesForecaster):
                 f"margin must be a number in [0, 1) (share of persistence's error to beat), got {margin!r}"
             )
         self.margin = float(margin)
+        ends = list(bucket_ends)
+        if any(isinstance(e, bool) or not isinstance(e, (int, np.integer)) for e in ends) or any(
+            b <= a for a, b in zip([0, *ends], ends)
+        ):
+            raise ValueError(
+                "bucket_ends must be increasing integers >= 1 (last lead of each lead-time bucket), "
+                f"got {bucket_ends!r}"
+            )
+        self.bucket_ends = tuple(int(e) for e in ends)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -82,6 +102,7 @@ class AutoForecaster(SeriesForecaster):
             "origins": self.origins,
             "backtest_horizon": self.backtest_horizon,
             "margin": self.margin,
+            "bucket_ends": list(self.bucket_ends),
         }
 
     def candidates(self, kind: str) -> Sequence[Candidate]:
@@ -101,22 +122,43 @@ class AutoForecaster(SeriesForecaster):
         last = n - self.backtest_horizon
         return [o for o in (last - step * j for j in reversed(range(self.origins))) if o >= MIN_TRAINING]
 
+    def buckets(self) -> list[tuple[int, int]]:
+        """Lead-time buckets as 0-based ``[start, stop)`` slices of the backtest's leads."""
+        edges = [0, *(end for end in self.bucket_ends if end < self.backtest_horizon), self.backtest_horizon]
+        return list(zip(edges, edges[1:]))
+
+    def order(self, scores: np.ndarray) -> list[int]:
+        """Candidate indices best first: persistence (index 0) must be beaten by the margin, ties
+        go to the simpler model."""
+        penalised = [score if i == 0 else score * (1 + self.margin) for i, score in enumerate(scores)]
+        return sorted(range(len(scores)), key=lambda i: (penalised[i], i))
+
     def rank(self, kind: str, pool: str, y: np.ndarray) -> list[Candidate]:
+        """The bucket winners (stitched where they differ) first, then every candidate by its score
+        over all leads: the fallbacks should the first fail to fit."""
         candidates = list(self.candidates(kind))
         origins = self.backtest_origins(y.size)
         if not origins:
             return candidates
-        scores = [self.backtest(candidate, kind, pool, y, origins) for candidate in candidates]
-        # candidates()[0] is persistence: the others must beat it by the margin
-        penalised = [score if i == 0 else score * (1 + self.margin) for i, score in enumerate(scores)]
-        order = sorted(range(len(candidates)), key=lambda i: (penalised[i], i))
-        logger.debug(
-            "pool %s %s: backtest MAE %s", pool, kind, {c.name: round(s, 6) for c, s in zip(candidates, scores)}
-        )
-        return [candidates[i] for i in order]
+        errors = np.array([self.backtest(candidate, kind, pool, y, origins) for candidate in candidates])
+        overall = self.order(errors.mean(axis=1))
+        winners = [self.order(errors[:, a:b].mean(axis=1))[0] for a, b in self.buckets()]
+        names = [candidate.name for candidate in candidates]
+        logger.debug("pool %s %s: backtest MAE per lead %s", pool, kind, dict(zip(names, errors)))
+        if len(set(winners)) == 1:
+            return [candidates[winners[0]]] + [candidates[i] for i in overall if i != winners[0]]
+        parts = sorted(set(winners), key=winners.index)
+        segments = [
+            (a + 1, parts.index(w))
+            for (a, _), w, before in zip(self.buckets(), winners, [None, *winners])
+            if w != before
+        ]
+        name = "/".join(candidates[w].name for w in parts)
+        stitched = Candidate(name, stitched_fit([candidates[w].fit for w in parts], segments, kind != PRICE))
+        return [stitched] + [candidates[i] for i in overall]
 
-    def backtest(self, candidate: Candidate, kind: str, pool: str, y: np.ndarray, origins: list[int]) -> float:
-        """Mean absolute error of ``candidate`` over the origins and horizons; inf if it fails."""
+    def backtest(self, candidate: Candidate, kind: str, pool: str, y: np.ndarray, origins: list[int]) -> np.ndarray:
+        """Absolute error of ``candidate`` per lead time, averaged over the origins; inf if it fails."""
         horizon = self.backtest_horizon
         try:
             fitted = candidate.fit(y[: origins[0]])
@@ -126,13 +168,13 @@ class AutoForecaster(SeriesForecaster):
                 mean = fitted.forecast(horizon).mean
                 if kind != PRICE:
                     mean = np.clip(mean, 0.0, y[:origin].max())
-                errors.append(np.abs(mean - y[origin : origin + horizon]).mean())
-            score = float(np.mean(errors))
+                errors.append(np.abs(mean - y[origin : origin + horizon]))
+            score = np.mean(errors, axis=0)
         except Exception as error:  # noqa: BLE001 - a failing candidate is ranked last, not fatal
             name, why = candidate.name, f"{type(error).__name__}: {error}"
             logger.warning("pool %s %s: %s failed in the backtest (%s)", pool, kind, name, why)
-            return np.inf
-        if not np.isfinite(score):
+            return np.full(horizon, np.inf)
+        if not np.isfinite(score).all():
             logger.warning("pool %s %s: %s forecast non-finite values in the backtest", pool, kind, candidate.name)
-            return np.inf
+            return np.full(horizon, np.inf)
         return score

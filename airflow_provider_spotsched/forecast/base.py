@@ -19,8 +19,10 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 class Forecast:
     """What a forecaster predicts for slots now+1 .. now+h of every pool.
 
-    ``spot_price[h, M]`` and ``available[h, M]`` are the point forecasts (the expected count for
-    availability). The optional parts carry uncertainty: ``*_interval`` is a (lower, upper) pair of
+    ``spot_price[h, M]`` and ``available[h, M]`` are the point forecasts; for availability, the
+    median of the count distribution, which minimises absolute error (the expectation of a pool
+    that is either full or empty is a count it never takes; a Gaussian model's mean is its
+    median). The optional parts carry uncertainty: ``*_interval`` is a (lower, upper) pair of
     ``[h, M]`` arrays (an 80% interval), and ``available_distribution[h, M, C + 1]`` is the
     probability of each count 0..C. ``models`` names the model behind each pool's forecast.
     """

@@ -15,8 +15,10 @@ counts never seen (a zone that only ever reports 0, 13, 15 or 16) get no mass. S
 all of 0..C instead leaks mass into counts the pool never reports and drags the forecast to the
 middle; a small total lets the evidence dominate after a few moves. A constant count is thus
 forecast exactly, with a zero-width interval. The k-step distribution is the current
-count's one-hot vector times P, k times. The point forecast is its expectation; the 80% interval
-its 10% and 90% quantiles, widened to include the expectation. New slots add their moves to the
+count's one-hot vector times P, k times. The point forecast is its median, not its expectation:
+a pool that jumps between full and empty has a bimodal distribution whose expectation drifts to a
+count it never takes, while the median stays on one mode and minimises the expected absolute
+error. The 80% interval is its 10% and 90% quantiles. New slots add their moves to the
 counts (exact and cheap, so the chain is always up to date between refits).
 
 The forecaster's price part is persistence with empirical intervals (:class:`~.series.LaggedCopy`).
@@ -76,11 +78,9 @@ class MarkovCount(FittedSeries):
         for step in range(horizon):
             current = current @ matrix
             distribution[step] = current
-        mean = distribution @ np.arange(states)
         cdf = np.cumsum(distribution, axis=1)
-        lower = np.argmax(cdf >= LOWER_Q - 1e-12, axis=1).astype(float)
-        upper = np.argmax(cdf >= UPPER_Q - 1e-12, axis=1).astype(float)
-        return SeriesForecast(mean, np.minimum(lower, mean), np.maximum(upper, mean), distribution)
+        lower, median, upper = (np.argmax(cdf >= q - 1e-12, axis=1).astype(float) for q in (LOWER_Q, 0.5, UPPER_Q))
+        return SeriesForecast(median, lower, upper, distribution)
 
 
 def check_smoothing(smoothing: Any) -> float:

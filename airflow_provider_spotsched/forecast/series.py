@@ -232,6 +232,58 @@ def count_distribution(mean: np.ndarray, lower: np.ndarray, upper: np.ndarray, t
     return dist
 
 
+class Stitched(FittedSeries):
+    """Different models for different lead times: ``segments`` pairs each first lead (1 first,
+    increasing) with the index of the component that forecasts from it to the next first lead.
+
+    A backtest may find persistence best an hour or two ahead and a seasonal model best a day
+    ahead; stitching keeps each where it wins. Point, interval and distribution are all taken from
+    the segment's model; where only some components give a count distribution, the others' point
+    and interval become the discretised normal of :func:`count_distribution` on 0..``top``
+    (``top``: the largest count seen, None for prices), as the forecaster does for a whole series.
+    """
+
+    def __init__(
+        self, components: Sequence[FittedSeries], segments: Sequence[tuple[int, int]], top: int | None
+    ) -> None:
+        if not segments or segments[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(segments, segments[1:])):
+            raise ValueError(f"segments must start at lead 1 and increase, got {list(segments)}")
+        self.components, self.segments, self.top = list(components), list(segments), top
+        ranges = [f"{first}-{nxt - 1}" for (first, _), (nxt, _) in zip(self.segments, self.segments[1:])]
+        ranges.append(f"{self.segments[-1][0]}-")
+        self.label = "/".join(f"{self.components[c].label}@{r}" for (_, c), r in zip(self.segments, ranges))
+
+    def update(self, history: np.ndarray) -> "Stitched":
+        top = None if self.top is None else int(history.max())
+        return Stitched([c.update(history) for c in self.components], self.segments, top)
+
+    def forecast(self, horizon: int) -> SeriesForecast:
+        bounds = [(first - 1, nxt - 1) for (first, _), (nxt, _) in zip(self.segments, self.segments[1:])]
+        bounds.append((self.segments[-1][0] - 1, horizon))
+        used = [(a, min(b, horizon), c) for (a, b), (_, c) in zip(bounds, self.segments) if a < horizon]
+        results = {c: self.components[c].forecast(horizon) for _, _, c in used}
+        mean, lower, upper = (np.empty(horizon) for _ in range(3))
+        for a, b, c in used:
+            mean[a:b], lower[a:b], upper[a:b] = results[c].mean[a:b], results[c].lower[a:b], results[c].upper[a:b]
+        distribution = None
+        if self.top is not None and any(r.distribution is not None for r in results.values()):
+            distribution = np.empty((horizon, self.top + 1))
+            for a, b, c in used:
+                part = results[c]
+                if part.distribution is None:
+                    clipped = _clip(part, 0.0, float(self.top))
+                    distribution[a:b] = count_distribution(clipped.mean, clipped.lower, clipped.upper, self.top)[a:b]
+                else:
+                    distribution[a:b] = part.distribution[a:b]
+        return SeriesForecast(mean, lower, upper, distribution)
+
+
+def stitched_fit(fits: Sequence[Fit], segments: Sequence[tuple[int, int]], counts: bool) -> Fit:
+    """A fit of every component in ``fits``, stitched by lead time (:class:`Stitched`); ``counts``
+    says whether the series is a count, whose distribution is stitched too."""
+    return lambda y: Stitched([fit(y) for fit in fits], segments, int(y.max()) if counts else None)
+
+
 @dataclass
 class SeriesState:
     """A series' model, the history it has seen, and the history lengths it was fitted and ranked at."""
@@ -367,6 +419,7 @@ __all__ = [
     "SeriesForecast",
     "SeriesForecaster",
     "SeriesState",
+    "Stitched",
     "check_history",
     "check_int",
     "count_distribution",
@@ -374,4 +427,5 @@ __all__ = [
     "seasonal_naive_fit",
     "seasonal_strength",
     "single_threaded",
+    "stitched_fit",
 ]
