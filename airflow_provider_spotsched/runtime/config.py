@@ -176,6 +176,9 @@ class TrainConfig:
     log_every_steps: int = 10
     max_step_seconds: float | None = None  # bound on the time between two preemption checks
     threads: int | None = None  # torch threads per worker; None = $SPOTSCHED_THREADS or 1 on CPU
+    # Emulates an instance of fixed speed: at most this many samples per second per worker. The
+    # demo uses it so that its replayed market clock and its planning model hold on any CPU.
+    samples_per_second_per_worker: float | None = None
     lora: LoraSettings = field(default_factory=LoraSettings)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
@@ -218,6 +221,9 @@ class TrainConfig:
             log_every_steps=_number(raw, "log_every_steps", 10, minimum=1, integer=True),
             max_step_seconds=_number(raw, "max_step_seconds", None, minimum=0.0, strict_minimum=True),
             threads=_number(raw, "threads", None, minimum=1, integer=True),
+            samples_per_second_per_worker=_number(
+                raw, "samples_per_second_per_worker", None, minimum=0.0, strict_minimum=True
+            ),
             lora=LoraSettings.from_dict(_section(raw, "lora")),
             checkpoint=CheckpointSettings.from_dict(_section(raw, "checkpoint")),
             guard=GuardSettings.from_dict(_section(raw, "guard")),

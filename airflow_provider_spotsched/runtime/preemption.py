@@ -49,6 +49,10 @@ class StopFlag:
     def is_set(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking at once when the flag is set; returns whether it is."""
+        return self._event.wait(seconds)
+
 
 def install_sigterm_handler(flag: StopFlag) -> Callable[[], None]:
     """Make SIGTERM set ``flag``; returns a function that restores the previous handler."""

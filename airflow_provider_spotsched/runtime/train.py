@@ -343,6 +343,7 @@ class Trainer:
         config, workers = self.config, self.workers
         last_checkpoint = time.monotonic()
         window_start, window_samples = time.monotonic(), 0
+        paced_from, paced_samples = time.monotonic(), self.samples_done
         while self.samples_done < config.samples:
             step_samples = config.global_batch_size or config.batch_size * workers.world_size
             global_count = min(step_samples, config.samples - self.samples_done)
@@ -363,6 +364,11 @@ class Trainer:
                 window_start, window_samples = time.monotonic(), 0
                 continue
             window_samples += result.samples
+            if config.samples_per_second_per_worker:
+                rate = config.samples_per_second_per_worker * workers.world_size
+                ahead = (self.samples_done - paced_samples) / rate - (time.monotonic() - paced_from)
+                if ahead > 0:
+                    self.stop.wait(ahead)  # a stop ends the wait; the next step boundary acts on it
             if self.step == first_step:
                 self._check_notice_window()
             if self.step % config.log_every_steps == 0 or self.samples_done >= config.samples:
