@@ -137,7 +137,8 @@ class Supervisor:
             if record.killed:
                 record.detail = f"killed after not stopping within {self.stop_timeout_s:g} s"
             elif code == -signal.SIGTERM:
-                record.detail = "ended by SIGTERM before its checkpoint handler was installed"
+                why = f"{record.detail}; " if record.stop_reason and record.detail else ""
+                record.detail = why + "ended by SIGTERM before its checkpoint handler was installed"
             elif code is None:
                 record.detail = "worker ended while its supervisor was down"
             elif not asked and any(r.notice_at and r.generation == record.generation for r in state.instances):
