@@ -8,8 +8,9 @@
 - Backend: the local one (one worker process per instance, the embedded default: no
   connection to create); checkpoints under ``$AIRFLOW_HOME/spotsched/checkpoints``.
 - Training: the project's runtime (LoRA on a tiny GPT-2 built from scratch, synthetic stories)
-  for ``SAMPLES`` samples; a preempted worker saves an emergency checkpoint and the next one
-  resumes from it.
+  for ``SAMPLES`` samples, paced at ``SAMPLES_PER_SECOND`` per worker so that it takes as many
+  market hours as the planning model says on any CPU (an instance of fixed speed); a preempted
+  worker saves an emergency checkpoint and the next one resumes from it.
 - Policy: the selector, which learns across runs in the Variable ``spotsched_selector_state``.
 
 The last task prints the run's summary from the operator's XCom.
@@ -23,10 +24,10 @@ from airflow.sdk import DAG, task
 
 from airflow_provider_spotsched.operators.fine_tune import DeadlineSpotFineTuneOperator
 
-SECONDS_PER_SLOT = 30.0
-SAMPLES = 1200
+SECONDS_PER_SLOT = 20.0
+SAMPLES_PER_SECOND = 15.0  # per worker: 300 samples per market hour
+SAMPLES = 1200  # four market hours on one instance
 POOLS = ["us-east4-a", "europe-west1-c", "us-central1-a"]
-
 
 
 def describe(allocation: dict | None) -> str:
@@ -55,11 +56,12 @@ with DAG(
             "batch_size": 8,
             "seq_len": 32,
             "threads": 1,
+            "samples_per_second_per_worker": SAMPLES_PER_SECOND,
             "log_every_steps": 10,
             "checkpoint": {"min_interval_s": 1.0, "max_interval_s": 3.0},
         },
         # planning model: samples per market hour (SECONDS_PER_SLOT of wall time) per instance
-        throughput={"alpha": 600.0, "beta": 0.0},
+        throughput={"alpha": SAMPLES_PER_SECOND * SECONDS_PER_SLOT, "beta": 0.0},
         deadline=8.0,
         hard_deadline_factor=1.5,
         min_instances=1,
