@@ -56,6 +56,10 @@ bench: $(INSTALLED)
 	$(BIN)/python benchmarks/bench_planner.py --starts 5 --milp-limit 0
 	$(BIN)/python benchmarks/bench_ip.py --starts 3 --limit 30
 	$(BIN)/python benchmarks/bench_evaluation.py --scenarios 2 --nmax 1 4 8
+	$(BIN)/python benchmarks/bench_forecast.py
+	$(BIN)/python benchmarks/bench_triggers.py --triggers 1000 --seconds 30 --poll-interval 5 --boundaries 4
+	$(BIN)/python benchmarks/bench_reconfiguration.py
+	$(BIN)/python benchmarks/bench_preemption.py --minutes 2 --preemptions 3 --modes notice,kill,sigterm --world-sizes 1,2,1,1
 
 # Re-pin the tested versions after a dependency change (torch stays the CPU build).
 constraints: $(INSTALLED)

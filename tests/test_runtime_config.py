@@ -160,3 +160,12 @@ def test_sigterm_abandons_the_step_in_progress_and_a_notice_only_when_finishing_
     assert not trainer("notice: gcp preempted", 30.0).abandon_step(10)  # 10 s + 1 s save < 15 s
     assert trainer("notice: gcp preempted", 30.0).abandon_step(20)  # 21 s > half of 30 s
     assert not trainer("notice: notice file /x", None).abandon_step(1000)  # the SIGTERM that follows decides
+
+
+def test_a_config_is_read_from_an_fsspec_url_like_the_checkpoints():
+    import fsspec
+
+    with fsspec.open("memory://spotsched-config/config.json", "w") as handle:
+        handle.write('{"samples": 64, "batch_size": 4}')
+    config = TrainConfig.from_file("memory://spotsched-config/config.json")
+    assert (config.samples, config.batch_size) == (64, 4)

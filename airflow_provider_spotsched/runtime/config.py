@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+import fsspec
+
 BUILTIN_MODEL = "builtin:tiny-gpt2"
 BUILTIN_DATASET = "builtin:synthetic-stories"
 
@@ -233,7 +235,8 @@ class TrainConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:
         try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+            with fsspec.open(str(path), "r", encoding="utf-8") as handle:  # a local path, s3:// or gs://
+                raw = json.loads(handle.read())
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
         except json.JSONDecodeError as error:
