@@ -5,8 +5,6 @@ filters and parsing, and the arithmetic on the recorded numbers."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -42,21 +40,6 @@ BILLING = Path(__file__).parent / "data" / "gcp_billing"
 
 def minutes(series, origin: datetime = T0) -> list[float]:
     return list((series.times - origin.timestamp()) / 60)
-
-
-def test_the_market_modules_import_without_airflow():
-    code = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "airflow" or name.startswith("airflow."):
-            raise ImportError("airflow is blocked in this test")
-sys.meta_path.insert(0, Block())
-import airflow_provider_spotsched.market.source, airflow_provider_spotsched.market.aws
-import airflow_provider_spotsched.market.gcp, airflow_provider_spotsched.market.history
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
 
 
 # ----- trace files

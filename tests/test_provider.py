@@ -22,6 +22,7 @@ CORE_MODULES = [
         "market.aws",
         "market.gcp",
         "market.history",
+        "market.availability",
         "scheduling.online",
         "scheduling.selector_store",
         "simulation.run_report",
@@ -30,6 +31,7 @@ CORE_MODULES = [
         "backends.gce",
         "runtime.train",
         "runtime.checkpoint",
+        "runtime.preemption",
     )
 ]
 

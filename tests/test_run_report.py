@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -151,19 +149,3 @@ def test_malformed_input_is_refused_naming_the_field():
         render_run_report({"slot": 0}, None, "run")
     with pytest.raises(ValueError, match="result lacks cost"):
         render_run_report(log, {k: v for k, v in sample_result(log).items() if k != "cost"}, "run")
-
-
-def test_the_renderer_imports_without_airflow():
-    code = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "airflow" or name.startswith("airflow."):
-            raise ImportError("airflow is blocked in this test")
-sys.meta_path.insert(0, Block())
-from airflow_provider_spotsched.simulation.run_report import render_run_report
-print(render_run_report([], None, "run").count("in progress"))
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "1"
