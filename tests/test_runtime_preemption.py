@@ -118,7 +118,9 @@ def test_a_gcp_notice_during_training_saves_an_emergency_checkpoint_and_exits_75
 
     with environment(SPOTSCHED_CACHE_DIR=str(tmp_path / "cache")):
         when_progress(uri, lambda p: p["step"] >= 3, lambda: setattr(FakeMetadata, "preempted", True))
-        code, events = run_inline(write_config(tmp_path), uri, SPOTSCHED_NOTICE="gcp",
+        # paced: the notice is polled about once a second, and a fast machine must not finish first
+        config = write_config(tmp_path, samples_per_second_per_worker=16.0)
+        code, events = run_inline(config, uri, SPOTSCHED_NOTICE="gcp",
                                   SPOTSCHED_METADATA_URL=metadata_server)
     assert code == 75
     preempted = events[-1]

@@ -79,7 +79,9 @@ def test_sigterm_stops_with_an_emergency_checkpoint_and_resume_repeats_the_same_
 def test_world_size_1_2_1_resumes_at_the_same_sample_and_follows_the_same_curve(uninterrupted, tmp_path):
     _, reference_events, _ = uninterrupted
     reference = step_losses(reference_events)
-    config, uri = write_config(tmp_path), tmp_path / "ckpt"
+    # paced (losses are unchanged by pacing) so that a fast machine cannot finish a stage before its
+    # notice, which the runtime polls about once a second
+    config, uri = write_config(tmp_path, samples_per_second_per_worker=16.0), tmp_path / "ckpt"
     notice1, notice2 = tmp_path / "notice-1", tmp_path / "notice-2"
 
     when_progress(uri, lambda p: p["samples_done"] >= 24, notice1.touch)

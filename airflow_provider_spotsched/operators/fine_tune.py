@@ -41,7 +41,7 @@ from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.links.report import SpotRunReportLink
 from airflow_provider_spotsched.market.source import MarketSource
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError, Throughput
-from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
 from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger, job_from_dict, job_to_dict
 
@@ -396,7 +396,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
             status = self._decide(context, spec, env, run, training, now, status.preemptions)
         elif run.records[-1].applied is None or (reattach and run.slot == self._slot_at(run, now)):
             # a previous try decided and stopped before the backend acted, or released what it had
-            status = self._apply(context, spec, env, run, training, _allocation(run.records[-1].allocation, run.config.pools))
+            status = self._apply(context, spec, env, run, training, allocation_from_dict(run.records[-1].allocation, run.config.pools))
         while run.slot < self._slot_at(run, now):
             run.observe(*env.market.row(run.slot + 1, run.config.pools, now))
             status = self._decide(context, spec, env, run, training, now, status.preemptions)
@@ -423,7 +423,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         record = run.decide(read_work_done(training.checkpoint_uri), now, preemptions)
         self.log.info("slot %d: %s (cost so far %.2f USD)", record.slot, record.allocation, record.cost_so_far)
         self._save(context, spec, run, training)
-        return self._apply(context, spec, env, run, training, _allocation(record.allocation, run.config.pools))
+        return self._apply(context, spec, env, run, training, allocation_from_dict(record.allocation, run.config.pools))
 
     def _apply(self, context: Any, spec: BackendSpec, env: SpotEnvironment, run: OnlineRun, training: TrainingJob,
                target: Allocation) -> JobStatus:
@@ -483,11 +483,6 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
     def _slot_at(run: OnlineRun, now: datetime) -> int:
         """The slot in force at ``now`` on the run's clock."""
         return max(int(math.floor(run.hours_at(now) / run.config.job.slot_hours + SLOT_EPSILON)), 0)
-
-
-def _allocation(data: Mapping[str, Any], pools: Sequence[str]) -> Allocation:
-    spot = data.get("spot", {})
-    return Allocation(tuple(int(spot.get(p, 0)) for p in pools), int(data.get("on_demand", 0)))
 
 
 def _read_progress(checkpoint_uri: str) -> dict[str, Any]:

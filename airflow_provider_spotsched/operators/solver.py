@@ -28,8 +28,8 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.operators.fine_tune import job_id_for
 from airflow_provider_spotsched.operators.forecast import forecast_instant
-from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError
-from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
+from airflow_provider_spotsched.scheduling.model import Job, JobError
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
 
 RUN_STATE_KEY = "run_state"
 
@@ -124,7 +124,7 @@ class SpotAllocationSolverOperator(BaseOperator):
         current = run.market.start + timedelta(hours=(run.market.num_slots - 1) * run.market.slot_hours)
         if run.records and run.records[-1].slot == run.slot:
             if run.records[-1].applied is None:  # nothing says otherwise: the decision was applied
-                run.applied(_allocation(run.records[-1].allocation, run.config.pools))
+                run.applied(allocation_from_dict(run.records[-1].allocation, run.config.pools))
             current += timedelta(hours=run.market.slot_hours)
             if format_timestamp(at) != format_timestamp(current):
                 raise ValueError(f"at {format_timestamp(at)}: the run's next slot starts at {format_timestamp(current)}; set at to it")
@@ -199,8 +199,3 @@ def _document(value: Mapping[str, Any] | str | None, name: str) -> dict[str, Any
     if not isinstance(value, Mapping):
         raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}")
     return dict(value)
-
-
-def _allocation(data: Mapping[str, Any], pools: Sequence[str]) -> Allocation:
-    spot = data.get("spot", {})
-    return Allocation(tuple(int(spot.get(p, 0)) for p in pools), int(data.get("on_demand", 0)))

@@ -94,11 +94,13 @@ class RunConfig:
         return cls(**fields)
 
 
-def _allocation_dict(allocation: Allocation, pools: Sequence[str]) -> dict[str, Any]:
+def allocation_to_dict(allocation: Allocation, pools: Sequence[str]) -> dict[str, Any]:
+    """``{"spot": {pool: n}, "on_demand": n}``: the decision log's form of an allocation."""
     return {"spot": {p: n for p, n in zip(pools, allocation.spot) if n}, "on_demand": allocation.on_demand}
 
 
-def _allocation_from(data: Mapping[str, Any], pools: Sequence[str]) -> Allocation:
+def allocation_from_dict(data: Mapping[str, Any], pools: Sequence[str]) -> Allocation:
+    """The inverse of :func:`allocation_to_dict`: counts in the order of ``pools``."""
     spot = data.get("spot", {})
     return Allocation(tuple(int(spot.get(p, 0)) for p in pools), int(data.get("on_demand", 0)))
 
@@ -243,8 +245,8 @@ class OnlineRun:
             },
             on_demand_price=float(self.market.on_demand_price),
             forecast=self._forecast(),
-            plan=[_allocation_dict(a, pools) for a in policy.planned()] or None,
-            allocation=_allocation_dict(allocation, pools),
+            plan=[allocation_to_dict(a, pools) for a in policy.planned()] or None,
+            allocation=allocation_to_dict(allocation, pools),
             applied=None,
             work_done=float(work_done),
             work_total=float(job.work),
@@ -261,7 +263,7 @@ class OnlineRun:
         """What the backend actually runs for the current slot (after reconcile); it is billed."""
         if not self.records or self.records[-1].slot != self.slot:
             raise ValueError("decide the current slot before recording what was applied")
-        self.records[-1].applied = _allocation_dict(allocation, self.config.pools)
+        self.records[-1].applied = allocation_to_dict(allocation, self.config.pools)
 
     def observe(self, spot_price: Sequence[float], available: Sequence[int]) -> None:
         """The next slot boundary: bill the slot just ended and add the new market row."""
@@ -391,7 +393,7 @@ class OnlineRun:
             work, cost = (work_done or 0.0), self.cost
         previous = Allocation.idle(len(self.config.pools))
         if slot > 0 and self.records[slot - 1].applied is not None:
-            previous = _allocation_from(self.records[slot - 1].applied, self.config.pools)
+            previous = allocation_from_dict(self.records[slot - 1].applied, self.config.pools)
         return Observation(
             job=self.config.job,
             slot=slot,
@@ -406,7 +408,7 @@ class OnlineRun:
         record = self.records[-1] if self.records else None
         if record is None or record.applied is None or record.slot != self.slot:
             return 0.0
-        applied = _allocation_from(record.applied, self.config.pools)
+        applied = allocation_from_dict(record.applied, self.config.pools)
         return hours * _hourly(applied, self.market.spot_price[-1], self.market.on_demand_price)
 
     def _on_demand_cost_until(self, slot: int) -> float:
