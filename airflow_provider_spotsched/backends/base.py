@@ -10,12 +10,15 @@ instead of launching twice, and ``release`` can find everything the job ever sta
 from __future__ import annotations
 
 import enum
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
 from airflow_provider_spotsched.scheduling.model import Allocation
+
+log = logging.getLogger(__name__)
 
 ON_DEMAND = "on-demand"
 """The pool name of on-demand instances in :class:`InstanceStatus` (spot pools keep their name)."""
@@ -46,6 +49,16 @@ class InsufficientCapacityError(BackendError):
         )
         self.pool, self.requested, self.launched = pool, requested, launched
 
+    @classmethod
+    def from_shortfalls(cls, shortfalls: list[tuple[str, int, str]]) -> "InsufficientCapacityError":
+        """Nothing started: one error for every ``(pool, requested, reason)`` that came up short."""
+        return cls(
+            ", ".join(pool for pool, _, _ in shortfalls),
+            sum(requested for _, requested, _ in shortfalls),
+            0,
+            "; ".join(f"{pool}: {reason}" for pool, _, reason in shortfalls),
+        )
+
 
 @dataclass(frozen=True)
 class LaunchOutcome:
@@ -64,6 +77,22 @@ class LaunchOutcome:
 
 LaunchRecorder = Callable[[LaunchOutcome], None]
 """Called by a backend after every launch request (to keep outcomes for availability forecasts)."""
+
+
+def record_launch(recorder: LaunchRecorder | None, pool: str, requested: int, launched: int, reason: str) -> None:
+    """Log a launch that came up short and hand every outcome to ``recorder``."""
+    if launched < requested:
+        log.warning("pool %s: asked for %d instance(s), got %d (%s)", pool, requested, launched, reason)
+    if recorder is not None:
+        recorder(LaunchOutcome(datetime.now(timezone.utc), pool, requested, launched, reason))
+
+
+def check_target(job: "TrainingJob", target: Allocation) -> None:
+    """Refuse a target that does not fit the job's pools or holds a negative count."""
+    if len(target.spot) != len(job.pools):
+        raise ValueError(f"target has {len(target.spot)} spot counts, job has {len(job.pools)} pools {job.pools}")
+    if target.on_demand < 0 or any(n < 0 for n in target.spot):
+        raise ValueError(f"target has a negative count: {target}")
 
 
 @dataclass(frozen=True)

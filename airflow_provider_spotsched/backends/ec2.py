@@ -44,9 +44,10 @@ from airflow_provider_spotsched.backends.base import (
     InstanceStatus,
     InsufficientCapacityError,
     JobStatus,
-    LaunchOutcome,
     LaunchRecorder,
     TrainingJob,
+    check_target,
+    record_launch,
 )
 from airflow_provider_spotsched.backends.bootstrap import startup_script
 from airflow_provider_spotsched.scheduling.model import Allocation
@@ -201,10 +202,7 @@ class Ec2Backend(ComputeBackend):
         launched, shortfalls = self._launch(job, wanted, survivors, instances)
         survivors += launched
         if shortfalls and not survivors:
-            pools = ", ".join(p for p, _, _ in shortfalls)
-            raise InsufficientCapacityError(
-                pools, sum(n for _, n, _ in shortfalls), 0, "; ".join(f"{p}: {r}" for p, _, r in shortfalls)
-            )
+            raise InsufficientCapacityError.from_shortfalls(shortfalls)
         self._rendezvous(survivors, instances + launched)
         return self._status(job, instances + launched)
 
@@ -215,10 +213,7 @@ class Ec2Backend(ComputeBackend):
     # -- internals ------------------------------------------------------------------------------
 
     def _check(self, job: TrainingJob, target: Allocation) -> None:
-        if len(target.spot) != len(job.pools):
-            raise ValueError(f"target has {len(target.spot)} spot counts, job has {len(job.pools)} pools {job.pools}")
-        if target.on_demand < 0 or any(n < 0 for n in target.spot):
-            raise ValueError(f"target has a negative count: {target}")
+        check_target(job, target)
         if ON_DEMAND in job.pools:
             raise ValueError(f"{ON_DEMAND!r} names the on-demand capacity; rename that spot pool in job.pools")
         missing = [p for p, n in zip(job.pools, target.spot) if n and p not in self.pools]
@@ -348,10 +343,7 @@ class Ec2Backend(ComputeBackend):
         return params
 
     def _record(self, pool: str, requested: int, launched: int, reason: str) -> None:
-        if reason:
-            log.warning("pool %s: asked for %d instance(s), got %d (%s)", pool, requested, launched, reason)
-        if self.recorder is not None:
-            self.recorder(LaunchOutcome(datetime.now(timezone.utc), pool, requested, launched, reason))
+        record_launch(self.recorder, pool, requested, launched, reason)
 
     def _rendezvous(self, live: list[_Instance], known: list[_Instance]) -> None:
         """Publish a new generation when the live set differs from the one the tags describe."""

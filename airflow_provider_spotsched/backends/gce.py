@@ -28,7 +28,6 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Mapping
 
 from google.api_core.exceptions import Conflict, GoogleAPICallError
@@ -42,9 +41,10 @@ from airflow_provider_spotsched.backends.base import (
     InstanceStatus,
     InsufficientCapacityError,
     JobStatus,
-    LaunchOutcome,
     LaunchRecorder,
     TrainingJob,
+    check_target,
+    record_launch,
 )
 from airflow_provider_spotsched.backends.bootstrap import RENDEZVOUS_KEYS, startup_script
 from airflow_provider_spotsched.scheduling.model import Allocation
@@ -190,12 +190,7 @@ class GceBackend(ComputeBackend):
         survivors = [vm for vm in live if vm.name not in self._deleted]
         launched, shortfalls = self._launch(job, wanted, survivors, vms)
         if shortfalls and not survivors and not launched:
-            raise InsufficientCapacityError(
-                ", ".join(p for p, _, _ in shortfalls),
-                sum(n for _, n, _ in shortfalls),
-                0,
-                "; ".join(f"{p}: {r}" for p, _, r in shortfalls),
-            )
+            raise InsufficientCapacityError.from_shortfalls(shortfalls)
         if launched:
             vms = self._list(job)  # the new VMs' addresses and metadata fingerprints
         live = [vm for vm in vms if _live(vm) and vm.name not in self._deleted]
@@ -208,10 +203,7 @@ class GceBackend(ComputeBackend):
     # -- internals ------------------------------------------------------------------------------
 
     def _check(self, job: TrainingJob, target: Allocation) -> None:
-        if len(target.spot) != len(job.pools):
-            raise ValueError(f"target has {len(target.spot)} spot counts, job has {len(job.pools)} pools {job.pools}")
-        if target.on_demand < 0 or any(n < 0 for n in target.spot):
-            raise ValueError(f"target has a negative count: {target}")
+        check_target(job, target)
         missing = [p for p, n in zip(job.pools, target.spot) if n and p not in self.zones]
         if missing:
             raise BackendError(
@@ -427,10 +419,7 @@ class GceBackend(ComputeBackend):
         return instance
 
     def _record(self, pool: str, requested: int, launched: int, reason: str) -> None:
-        if launched < requested:
-            log.warning("pool %s: asked for %d instance(s), got %d (%s)", pool, requested, launched, reason)
-        if self.recorder is not None:
-            self.recorder(LaunchOutcome(datetime.now(timezone.utc), pool, requested, launched, reason))
+        record_launch(self.recorder, pool, requested, launched, reason)
 
     def _rendezvous(self, live: list[_Vm], known: list[_Vm]) -> None:
         """Publish a new generation when the live set differs from the one the metadata describes."""
