@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from airflow_provider_spotsched import AWS_TRACE, GCP_TRACE
@@ -16,3 +18,11 @@ def aws_trace() -> Trace:
 @pytest.fixture(scope="session")
 def gcp_trace() -> Trace:
     return load_trace(GCP_TRACE)
+
+
+@pytest.fixture(autouse=True)
+def fresh_backtest_memo():
+    """Tests that monkeypatch a model must not read another test's memoised backtest."""
+    auto = sys.modules.get("airflow_provider_spotsched.forecast.auto")
+    if auto is not None:
+        auto._backtest_cache.clear()

@@ -250,6 +250,20 @@ def test_auto_reselects_on_its_schedule_and_updates_in_between(monkeypatch):
     assert calls.count(52) == 6  # reselected after 8 slots: origins 52 and 64, fitted at the first
 
 
+def test_auto_backtests_a_series_once_for_every_job_that_plans_on_it(monkeypatch):
+    calls = spy(monkeypatch, exponential_smoothing, "fit_holt_winters")
+    settings = dict(origins=2, backtest_horizon=24, season_slots=SEASON)
+    first = AutoForecaster(**settings).forecast(MARKET.prefix(80), 6)
+    backtested = calls.count(56)
+    assert backtested == 6
+    second = AutoForecaster(**settings).forecast(MARKET.prefix(80), 6)  # another job, same market and time
+    assert calls.count(56) == backtested  # the ranking came from the memo: no new backtest fit
+    assert second.models == first.models
+    np.testing.assert_array_equal(second.spot_price, first.spot_price)
+    AutoForecaster(**{**settings, "backtest_horizon": 12}).forecast(MARKET.prefix(80), 6)
+    assert calls.count(62) == 6  # other settings: backtested afresh (origins 62 and 68, fitted at the first)
+
+
 def test_no_peeking_the_forecast_ignores_slots_after_now():
     mixed = make_market(np.vstack([PRICES[:50], 3 * PRICES[50:]]), np.vstack([COUNTS[:50], COUNTS[::-1][50:]]))
     for name in NAMES:

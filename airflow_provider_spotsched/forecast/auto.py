@@ -36,7 +36,9 @@ names the choice per pool as ``price-model+availability-model``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import numpy as np
@@ -56,6 +58,12 @@ from airflow_provider_spotsched.forecast.series import (
 logger = logging.getLogger(__name__)
 
 MIN_TRAINING = 48  # slots a candidate is fitted on before the first backtest origin
+
+# A backtest is a pure function of the candidates' settings and the series, and the same one
+# recurs whenever several jobs plan on one market at one time (an evaluation runs 24 per start;
+# CHC members replayed by the selector share them too). A bounded per-process memo runs each once.
+_BACKTEST_CACHE_SIZE = 1024
+_backtest_cache: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
 
 
 class AutoForecaster(SeriesForecaster):
@@ -140,7 +148,7 @@ class AutoForecaster(SeriesForecaster):
         origins = self.backtest_origins(y.size)
         if not origins:
             return candidates
-        errors = np.array([self.backtest(candidate, kind, pool, y, origins) for candidate in candidates])
+        errors = self._backtest_all(candidates, kind, pool, y, origins)
         overall = self.order(errors.mean(axis=1))
         winners = [self.order(errors[:, a:b].mean(axis=1))[0] for a, b in self.buckets()]
         names = [candidate.name for candidate in candidates]
@@ -156,6 +164,22 @@ class AutoForecaster(SeriesForecaster):
         name = "/".join(candidates[w].name for w in parts)
         stitched = Candidate(name, stitched_fit([candidates[w].fit for w in parts], segments, kind != PRICE))
         return [stitched] + [candidates[i] for i in overall]
+
+    def _backtest_all(
+        self, candidates: Sequence[Candidate], kind: str, pool: str, y: np.ndarray, origins: list[int]
+    ) -> np.ndarray:
+        """Every candidate's :meth:`backtest`, memoised on the settings they depend on and ``y``."""
+        digest = hashlib.blake2b(np.ascontiguousarray(y, dtype=float).tobytes(), digest_size=16).hexdigest()
+        key = (type(self).__qualname__, tuple(c.name for c in candidates), kind, self.season_slots)
+        key += (self.backtest_horizon, tuple(origins), digest)
+        if key in _backtest_cache:
+            _backtest_cache.move_to_end(key)
+            return _backtest_cache[key]
+        errors = np.array([self.backtest(candidate, kind, pool, y, origins) for candidate in candidates])
+        _backtest_cache[key] = errors
+        if len(_backtest_cache) > _BACKTEST_CACHE_SIZE:
+            _backtest_cache.popitem(last=False)
+        return errors
 
     def backtest(self, candidate: Candidate, kind: str, pool: str, y: np.ndarray, origins: list[int]) -> np.ndarray:
         """Absolute error of ``candidate`` per lead time, averaged over the origins; inf if it fails."""
