@@ -21,8 +21,9 @@ def gcp_trace() -> Trace:
 
 
 @pytest.fixture(autouse=True)
-def fresh_backtest_memo():
-    """Tests that monkeypatch a model must not read another test's memoised backtest."""
-    auto = sys.modules.get("airflow_provider_spotsched.forecast.auto")
-    if auto is not None:
-        auto._backtest_cache.clear()
+def fresh_forecast_memos():
+    """Tests that monkeypatch a model must not read another test's memoised fit or backtest."""
+    for module, memo in (("series", "_fit_cache"), ("auto", "_backtest_cache")):
+        loaded = sys.modules.get(f"airflow_provider_spotsched.forecast.{module}")
+        if loaded is not None:
+            getattr(loaded, memo).clear()

@@ -250,6 +250,19 @@ def test_auto_reselects_on_its_schedule_and_updates_in_between(monkeypatch):
     assert calls.count(52) == 6  # reselected after 8 slots: origins 52 and 64, fitted at the first
 
 
+def test_a_fit_is_shared_by_every_job_that_fits_the_same_series():
+    y = PRICES[:60, 0].copy()
+    first = fit_arima(y, SEASON)
+    assert fit_arima(y.copy(), SEASON) is first  # same contents, same settings: the memoised model
+    updated = first.update(PRICES[:61, 0])
+    assert updated is not first and first.seen == 60  # updates copy: the shared model never changes
+    assert fit_arima(y, SEASON, "bic") is not first
+    other = y.copy()
+    other[-1] += 1.0
+    assert fit_arima(other, SEASON) is not first
+    assert fit_holt_winters(y, SEASON) is fit_holt_winters(y.copy(), SEASON)
+
+
 def test_auto_backtests_a_series_once_for_every_job_that_plans_on_it(monkeypatch):
     calls = spy(monkeypatch, exponential_smoothing, "fit_holt_winters")
     settings = dict(origins=2, backtest_horizon=24, season_slots=SEASON)

@@ -39,6 +39,7 @@ from airflow_provider_spotsched.forecast.series import (
     SeriesForecast,
     SeriesForecaster,
     check_int,
+    memoised_fit,
     fit_persistence,
     seasonal_strength,
     single_threaded,
@@ -141,6 +142,7 @@ def fit_order(z: np.ndarray, order: tuple[int, int, int], seasonal: tuple[int, i
     return results
 
 
+@memoised_fit
 def fit_arima(y: np.ndarray, season: int = 24, criterion: str = "aic") -> FittedSeries:
     """The grid's best ARIMA (maybe seasonal) for ``y`` by ``criterion``; see the module docstring."""
     if y.size < MIN_SLOTS:

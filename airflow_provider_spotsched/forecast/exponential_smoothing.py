@@ -37,6 +37,7 @@ from airflow_provider_spotsched.forecast.series import (
     SeriesForecast,
     SeriesForecaster,
     check_int,
+    memoised_fit,
     fit_persistence,
     seasonal_strength,
     single_threaded,
@@ -110,6 +111,7 @@ class FittedSmoothing(FittedSeries):
         return SeriesForecast(center + scale * mean, center + scale * (mean - half), center + scale * (mean + half))
 
 
+@memoised_fit
 def fit_holt_winters(y: np.ndarray, season: int = 24) -> FittedSeries:
     """The AICc-best of the smoothing forms the module docstring lists, fitted to ``y``."""
     if y.size < MIN_SLOTS:

@@ -27,8 +27,11 @@ interval become a discretised normal whose 80% interval matches the model's (mas
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import logging
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -44,6 +47,32 @@ logger = logging.getLogger(__name__)
 Z80 = 1.2815515655446004  # standard normal quantile of 0.9: an 80% central interval is mean +- Z80 sd
 LOWER_Q, UPPER_Q = 0.1, 0.9
 PRICE, AVAILABLE = "price", "available"
+
+
+# A fit is a pure function of its settings and the series, and fitted models are never changed in
+# place (``update`` returns a copy), so jobs that fit the same series at the same time (an
+# evaluation's 24 jobs per start) can share one. A bounded per-process memo keeps the recent ones.
+_FIT_CACHE_SIZE = 512
+_fit_cache: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+
+def memoised_fit(fit: Callable[..., Any]) -> Callable[..., Any]:
+    """``fit(y, *settings)`` run once per settings and series contents in this process."""
+
+    @functools.wraps(fit)
+    def memoised(y: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        digest = hashlib.blake2b(np.ascontiguousarray(y, dtype=float).tobytes(), digest_size=16).hexdigest()
+        key = (fit.__module__, fit.__qualname__, args, tuple(sorted(kwargs.items())), digest)
+        if key in _fit_cache:
+            _fit_cache.move_to_end(key)
+            return _fit_cache[key]
+        fitted = fit(y, *args, **kwargs)
+        _fit_cache[key] = fitted
+        if len(_fit_cache) > _FIT_CACHE_SIZE:
+            _fit_cache.popitem(last=False)
+        return fitted
+
+    return memoised
 
 
 def single_threaded() -> threadpool_limits:
