@@ -161,13 +161,19 @@ def test_selector_run_records_its_member_and_closes_one_round(gcp_market):
     config = RunConfig("sel-1", gcp_job(), gcp_market.pools, policy="selector", policy_params={"warm_up_rounds": 2})
     run = OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW)
     assert run.member["label"] in SelectorPolicy(warm_up_rounds=2).labels
-    assert run.selector_start["rounds"] == 2
+    assert learnt_rounds(run.selector_start) == 2 and run.selector_start["draws"] == 1
     run = drive(run, gcp_market, round_trip=True)
     assert run.result()["policy"] == run.member["label"]
     document = close_round(None, run)
-    assert document["runs"] == ["sel-1"] and document["selector"]["rounds"] == 3
+    assert document["runs"] == ["sel-1"] and learnt_rounds(document["selector"]) == 3
+    assert document["selector"]["draws"] == 1  # the next run draws after this one
     assert close_round(document, run) == document  # idempotent: a retried close learns once
-    assert SelectorPolicy.from_state(selector_state(document)).learner.rounds == 3
+    assert SelectorPolicy.from_state(selector_state(document)).learner(config.job).rounds == 3
+
+
+def learnt_rounds(state: dict) -> int:
+    """Rounds learnt over every kind of job in a selector state."""
+    return sum(context["rounds"] for context in state["contexts"].values())
 
 
 def test_concurrent_rounds_both_survive(gcp_market):
@@ -189,7 +195,7 @@ def test_concurrent_rounds_both_survive(gcp_market):
     store_round(lambda: stored.get("doc"), write, runs[0], pause_seconds=0)
     store_round(lambda: stored.get("doc"), lambda d: stored.update(doc=d), runs[1], pause_seconds=0)
     assert sorted(stored["doc"]["runs"]) == ["a", "b"]
-    assert stored["doc"]["selector"]["rounds"] == 3  # one warm-up round, then a and b
+    assert learnt_rounds(stored["doc"]["selector"]) == 3  # one warm-up round, then a and b
 
 
 def test_store_gives_up_with_a_clear_error_when_every_write_is_lost(gcp_market):

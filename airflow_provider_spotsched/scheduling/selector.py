@@ -1,13 +1,15 @@
 """The online policy selector of arXiv 2512.20967: exponential weights over a pool of policies.
 
 No single parameter setting of the prediction-based (``chc``) and prediction-free policies wins
-on every market: which one does depends on how predictable the market is right now. The selector
+on every market, nor on every kind of job: which one does depends on how predictable the market
+is right now and on the job's size, deadline slack and reconfiguration overhead. The selector
 learns it online. A round is one job, because a policy's utility is only known when its job ends:
-at the job's first slot the selector picks a pool member from its weights and delegates every
-slot of the job to it; after the job, :meth:`SelectorPolicy.update` feeds back either every
-member's counterfactual utility on the realised market (full information, Hedge) or only the
-played member's (bandit, EXP3). Both keep the regret against the best member in hindsight at
-O(sqrt T) over T rounds; ``docs/selector.md`` has the proofs.
+at the job's first slot the selector picks a pool member from the weights of the job's kind
+(:func:`job_context`) and delegates every slot of the job to it; after the job,
+:meth:`SelectorPolicy.update` feeds back either every member's counterfactual utility on the
+realised market (full information: Hedge with AdaHedge's adaptive learning rate) or only the
+played member's (bandit feedback: EXP3). Both keep the regret against the best member in
+hindsight at O(sqrt T) over the T rounds of each kind of job; ``docs/selector.md`` has the proofs.
 
 The learner's whole state is a small JSON document (:meth:`SelectorPolicy.to_state`), so that it
 can live in an Airflow Variable between runs and be restored exactly.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections import OrderedDict
 from dataclasses import replace
@@ -32,13 +35,16 @@ from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.simulation.simulator import DEFAULT_LOOKBACK_HOURS, JobMarket, simulate
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 ALGORITHMS = ("hedge", "exp3")
-CHOICES = ("sample", "leader")
-DEFAULT_WARM_UP_ROUNDS = 16
+# Past windows replayed when a kind of job is first seen: with windows every quarter of the job's
+# horizon, the last three job lengths of history (about three days for a day-long job).
+DEFAULT_WARM_UP_ROUNDS = 12
 WARM_UP_WINDOWS_PER_HORIZON = 4
-# A member that pays this share of the on-demand bill more than the round's best loses 1.
-DEFAULT_LOSS_SCALE = 0.02
+# Kinds of job whose weights the state keeps; the least recently played is dropped beyond this.
+MAX_CONTEXTS = 32
+# Draws walk the golden-ratio (Weyl) sequence: each is uniform, and successive ones spread evenly.
+GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
 # The two axes along which the paper builds its pool. CHC spans the commitment level (re-plan
 # every slot, or commit to 4 of 24); the prediction-free policy spans its price threshold, its
@@ -55,6 +61,8 @@ DEFAULT_POOL: tuple[dict[str, Any], ...] = (
     {"policy": "uniform-progress", "params": {}},
 )
 
+logger = logging.getLogger(__name__)
+
 # Replays are pure functions of (member, job, market) and the same ones recur: a report that
 # shows the counterfactual utilities and then updates, or fresh selectors warming up for jobs
 # submitted close together (their windows are aligned, see _warm_up_windows). A bounded
@@ -70,55 +78,45 @@ class SelectorStateError(ValueError):
 class ExponentialWeights:
     """Hedge (full information) or EXP3 (bandit) over ``K`` members, from cumulative losses.
 
-    Round ``t`` (1-based) plays ``p_t(i) ~ exp(-eta_t * L_{t-1}(i))``. The learning rate is fixed
-    at Hedge's ``sqrt(8 ln K / T)`` (EXP3's ``sqrt(2 ln K / (T K))``) up to a known horizon ``T``,
-    and anytime, ``sqrt(4 ln K / t)`` (``sqrt(ln K / (t K))``), otherwise or after it: a
-    non-increasing schedule, which is what the regret proof needs. Draws come from a
-    counter-based generator (``seed``, draw number), so the state is a few numbers.
+    Round ``t`` (1-based) plays ``p_t(i) ~ exp(-eta_t * L_{t-1}(i))``. Hedge takes AdaHedge's
+    rate ``eta_t = ln K / Delta_{t-1}``, where ``Delta`` sums the mixability gaps (how much the
+    played mixture lost beyond its mix loss): no horizon and no loss scale to choose, it follows
+    the leader while the leader keeps winning and hedges when the rounds disagree, and its regret
+    stays under ``sqrt(T ln K) + 2``. Before any gap (``Delta = 0``) it plays the leaders
+    uniformly. EXP3 takes the anytime rate ``sqrt(ln K / (t K))``.
     """
 
-    def __init__(
-        self,
-        num_members: int,
-        algorithm: str = "hedge",
-        choice: str = "sample",
-        horizon: int | None = None,
-        seed: int = 0,
-    ) -> None:
-        _check_options(num_members, algorithm, choice, horizon, seed)
+    def __init__(self, num_members: int, algorithm: str = "hedge") -> None:
+        if num_members < 1:
+            raise ValueError("pool is empty; give at least one member")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
         self.algorithm = algorithm
-        self.choice = choice
-        self.horizon = horizon
-        self.seed = seed
         self.cumulative_loss = np.zeros(num_members)
         self.rounds = 0
-        self.draws = 0
+        self.mixability_gap = 0.0
 
     @property
     def num_members(self) -> int:
         return len(self.cumulative_loss)
 
-    def eta(self, t: int) -> float:
-        """The learning rate of round ``t`` (1-based)."""
+    def eta(self) -> float:
+        """The learning rate of the next round (``inf``: follow the leaders)."""
         k = self.num_members
-        scale = 1.0 if self.algorithm == "hedge" else 1.0 / (4.0 * k)
-        if self.horizon is not None and t <= self.horizon:
-            return math.sqrt(8.0 * scale * math.log(k) / self.horizon)
-        return math.sqrt(4.0 * scale * math.log(k) / t)
+        if self.algorithm == "exp3":
+            return math.sqrt(math.log(k) / ((self.rounds + 1) * k))
+        return math.log(k) / self.mixability_gap if self.mixability_gap > 0 else math.inf
 
     def probabilities(self) -> np.ndarray:
         """The distribution the next round plays."""
         shifted = self.cumulative_loss - self.cumulative_loss.min()
-        weights = np.exp(-self.eta(self.rounds + 1) * shifted)
+        eta = self.eta()
+        weights = (shifted == 0).astype(float) if math.isinf(eta) else np.exp(-eta * shifted)
         return weights / weights.sum()
 
-    def choose(self) -> tuple[int, float]:
-        """The member of the next round and the probability it was played with."""
-        if self.choice == "leader":
-            return int(np.argmin(self.cumulative_loss)), 1.0
+    def choose(self, u: float) -> tuple[int, float]:
+        """The member a uniform draw ``u`` in [0, 1) picks, and the probability it was played with."""
         p = self.probabilities()
-        u = np.random.default_rng([self.seed, self.draws]).random()
-        self.draws += 1
         # Round-off can leave the cumulative sum short of 1: fall back on the last member in play.
         index = min(int(np.searchsorted(np.cumsum(p), u, side="right")), int(np.flatnonzero(p)[-1]))
         return index, float(p[index])
@@ -128,6 +126,14 @@ class ExponentialWeights:
         losses = np.asarray(losses, dtype=float)
         if losses.shape != self.cumulative_loss.shape or not np.all((losses >= 0) & (losses <= 1)):
             raise ValueError(f"losses must be {self.num_members} numbers in [0, 1], got {losses.tolist()}")
+        p, eta = self.probabilities(), self.eta()
+        played = float(p @ losses)
+        if math.isinf(eta):  # the mix loss of following the leaders is the least loss among them
+            mix = float(losses[p > 0].min())
+        else:  # -1/eta ln sum_i p_i exp(-eta l_i), in log space: p_i may underflow at a large eta
+            log_weights = -eta * (self.cumulative_loss - self.cumulative_loss.min())
+            mix = (_log_sum_exp(log_weights) - _log_sum_exp(log_weights - eta * losses)) / eta
+        self.mixability_gap += max(played - mix, 0.0)
         self.cumulative_loss += losses
         self.rounds += 1
 
@@ -139,24 +145,33 @@ class ExponentialWeights:
         self.rounds += 1
 
 
+def job_context(job: Job) -> str:
+    """The kind of job a round belongs to: its N_max, deadline slack and reconfiguration overhead.
+
+    Which member suits a job depends on these as much as on the market (a plan that commits to
+    a few cheap instances wins with time to spare and loses with a tight deadline), so each kind
+    keeps its own weights. The slack is the deadline over the hours N_max instances need
+    (overhead included), to the nearest 0.05.
+    """
+    hours = job.work / job.rate(job.max_instances) + job.reconfig_overhead_hours
+    slack = round(job.deadline_hours / hours * 20) / 20
+    overhead_minutes = round(job.reconfig_overhead_hours * 60, 1)
+    return f"n_max={job.max_instances},slack={slack:g},overhead={overhead_minutes:g}min,slot={job.slot_hours:g}h"
+
+
 class SelectorPolicy(Policy):
     """Picks a pool member per job with Hedge or EXP3 and delegates the job's slots to it.
+
+    Each kind of job (:func:`job_context`) has its own learner; a kind seen for the first time
+    warms up on the history before its submission.
 
     :param pool: members as ``{"policy": name, "params": {...}}``, built with ``make_policy``
         (default: :data:`DEFAULT_POOL`).
     :param algorithm: ``"hedge"`` (full-information feedback: every member's counterfactual
         utility) or ``"exp3"`` (bandit feedback: only the played member's).
-    :param choice: ``"sample"`` draws the member from the weights (the regret bound holds);
-        ``"leader"`` plays the member with the least cumulative loss (follow the leader: no
-        variance, but no guarantee against a changing market; Hedge only).
-    :param horizon: the number of rounds ``T``, when known, for the fixed learning rate; the
-        anytime rate is used without it and after it. Warm-up rounds count.
-    :param seed: seeds the member draws.
+    :param seed: places the golden-ratio sequence of member draws.
     :param warm_up_rounds: full-information rounds replayed on history before submission when
-        the learner has seen no round yet (0: none).
-    :param loss_scale: with Hedge, a member's loss in a round is its utility shortfall from the
-        round's best member over ``loss_scale`` x the job's on-demand cost, clipped to [0, 1]
-        (see :func:`shortfall_losses`).
+        the job's kind has seen no round yet (0: none).
     """
 
     name = "selector"
@@ -165,20 +180,19 @@ class SelectorPolicy(Policy):
         self,
         pool: Sequence[Mapping[str, Any]] | None = None,
         algorithm: str = "hedge",
-        choice: str = "sample",
-        horizon: int | None = None,
         seed: int = 0,
         warm_up_rounds: int = DEFAULT_WARM_UP_ROUNDS,
-        loss_scale: float = DEFAULT_LOSS_SCALE,
     ) -> None:
         self.pool = _check_pool(DEFAULT_POOL if pool is None else pool)
-        if not isinstance(warm_up_rounds, int) or isinstance(warm_up_rounds, bool) or warm_up_rounds < 0:
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
+        if not _is_count(seed):
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        if not _is_count(warm_up_rounds):
             raise ValueError(f"warm_up_rounds must be an integer >= 0, got {warm_up_rounds!r}")
-        self.warm_up_rounds = warm_up_rounds
-        if not _is_number(loss_scale) or loss_scale <= 0:
-            raise ValueError(f"loss_scale must be a number > 0 (a share of the on-demand cost), got {loss_scale!r}")
-        self.loss_scale = float(loss_scale)
-        self.learner = ExponentialWeights(len(self.pool), algorithm, choice, horizon, seed)
+        self.algorithm, self.seed, self.warm_up_rounds = algorithm, int(seed), int(warm_up_rounds)
+        self.draws = 0
+        self.learners: OrderedDict[str, ExponentialWeights] = OrderedDict()
         self.members = [_build_member(i, entry) for i, entry in enumerate(self.pool)]
         # Separate instances for counterfactual replays, so that a replay never resets the
         # member that is playing the current job.
@@ -196,12 +210,9 @@ class SelectorPolicy(Policy):
     def params(self) -> dict[str, Any]:
         return {
             "pool": [dict(e) for e in self.pool],
-            "algorithm": self.learner.algorithm,
-            "choice": self.learner.choice,
-            "horizon": self.learner.horizon,
-            "seed": self.learner.seed,
+            "algorithm": self.algorithm,
+            "seed": self.seed,
             "warm_up_rounds": self.warm_up_rounds,
-            "loss_scale": self.loss_scale,
         }
 
     @property
@@ -219,13 +230,14 @@ class SelectorPolicy(Policy):
     def decide(self, observation: Observation) -> Allocation:
         """Delegate to this round's member, choosing it (after a lazy warm-up) on first use.
 
-        The warm-up runs here, on the first decision of a learner that has seen no round yet,
-        from ``observation.past`` cut at submission; :meth:`warm_up` can also be called before.
+        The warm-up runs here, on the first decision for a kind of job with no round yet, from
+        ``observation.past`` cut at submission; :meth:`warm_up` can also be called before.
         """
         if self.current is None:
-            if self.learner.rounds == 0 and self.warm_up_rounds:
+            learner = self.learner(observation.job)
+            if learner.rounds == 0 and self.warm_up_rounds:
                 self.warm_up(JobMarket(observation.past, observation.past_offset), observation.job)
-            self.current = self.learner.choose()
+            self.current = learner.choose(self._draw())
         member = self.members[self.current[0]]
         if not self._member_ready:
             member.reset(observation.job)
@@ -242,9 +254,20 @@ class SelectorPolicy(Policy):
         """The label of this round's member, once chosen."""
         return None if self.current is None else self.labels[self.current[0]]
 
-    def weights(self) -> dict[str, float]:
-        """The distribution the next round is drawn from, by member label."""
-        return dict(zip(self.labels, self.learner.probabilities().tolist()))
+    def learner(self, job: Job) -> ExponentialWeights:
+        """The learner of ``job``'s kind, created on first use (the least recently used one
+        beyond :data:`MAX_CONTEXTS` kinds is dropped)."""
+        context = job_context(job)
+        if context not in self.learners:
+            self.learners[context] = ExponentialWeights(len(self.pool), self.algorithm)
+            while len(self.learners) > MAX_CONTEXTS:
+                self.learners.popitem(last=False)
+        self.learners.move_to_end(context)
+        return self.learners[context]
+
+    def weights(self, job: Job) -> dict[str, float]:
+        """The distribution ``job``'s round is drawn from, by member label."""
+        return dict(zip(self.labels, self.learner(job).probabilities().tolist()))
 
     def counterfactual_utilities(self, job: Job, job_market: JobMarket) -> dict[str, float]:
         """Every member's utility had it run ``job`` on the realised ``job_market``."""
@@ -262,13 +285,14 @@ class SelectorPolicy(Policy):
         unknown = sorted(set(known) - set(self.labels))
         if unknown:
             raise ValueError(f"utilities name no pool member: {unknown}; the members are {list(self.labels)}")
+        learner = self.learner(job)
         on_demand = on_demand_cost(job, job_market.market.on_demand_price)
-        if self.learner.algorithm == "hedge":
+        if self.algorithm == "hedge":
             for index, label in enumerate(self.labels):
                 if label not in known:
                     known[label] = self._replay(index, job, job_market)
-            losses = shortfall_losses(known, self.loss_scale * on_demand)
-            self.learner.learn_full([losses[label] for label in self.labels])
+            losses = shortfall_losses(known, on_demand)
+            learner.learn_full([losses[label] for label in self.labels])
         else:
             if self.current is None:
                 raise ValueError("exp3 feedback needs the member played this round: run the job through decide first")
@@ -276,13 +300,14 @@ class SelectorPolicy(Policy):
             label = self.labels[index]
             utility = known[label] if label in known else self._replay(index, job, job_market)
             losses = {label: normalised_loss(job, utility, on_demand)}
-            self.learner.learn_bandit(index, losses[label], probability)
+            learner.learn_bandit(index, losses[label], probability)
         self.current = None
         self._member_ready = False
         return losses
 
     def warm_up(self, history: JobMarket, job: Job, rounds: int | None = None) -> int:
-        """Full-information rounds on windows of ``history`` that end at or before submission.
+        """Full-information rounds for ``job``'s kind on windows of ``history`` that end at or
+        before submission.
 
         Only the slots before ``history.offset`` are read. Returns the number of rounds learnt;
         it is below ``rounds`` (default: ``warm_up_rounds``) when the history is short.
@@ -290,11 +315,25 @@ class SelectorPolicy(Policy):
         rounds = self.warm_up_rounds if rounds is None else rounds
         past = history.market.window(0, history.offset)
         windows = _warm_up_windows(past, job, rounds)
+        learner = self.learner(job)
         on_demand = on_demand_cost(job, past.on_demand_price)
         for window_job, window in windows:
-            losses = shortfall_losses(self.counterfactual_utilities(window_job, window), self.loss_scale * on_demand)
-            self.learner.learn_full([losses[label] for label in self.labels])
+            losses = shortfall_losses(self.counterfactual_utilities(window_job, window), on_demand)
+            learner.learn_full([losses[label] for label in self.labels])
         return len(windows)
+
+    def _draw(self) -> float:
+        """The next uniform draw: the golden-ratio sequence from a seeded start.
+
+        Every draw is uniform on [0, 1), so each round plays its member with exactly the
+        learner's probabilities (what the regret bound needs against a market that ignores our
+        draws), while successive draws spread evenly, so the members' shares of a run of jobs
+        track their probabilities more closely than independent draws would.
+        """
+        start = np.random.default_rng(self.seed).random()
+        u = (start + self.draws * GOLDEN) % 1.0
+        self.draws += 1
+        return u
 
     def _replay(self, index: int, job: Job, job_market: JobMarket) -> float:
         key = (self._keys[index], json.dumps(job.to_dict(), sort_keys=True), _market_key(job_market))
@@ -312,58 +351,53 @@ class SelectorPolicy(Policy):
     def to_state(self) -> dict[str, Any]:
         """The whole learner as a small JSON-serialisable document (see :meth:`from_state`).
 
-        The learning-rate schedule follows from ``algorithm``, ``horizon`` and ``rounds``; the
-        generator from ``seed`` and ``draws``; ``current`` is the member of an unfinished round.
+        ``contexts`` maps each kind of job, least recently played first, to its cumulative
+        losses, rounds and mixability gap (the learning rate follows from them); the draws
+        from ``seed`` and ``draws``; ``current`` is the member of an unfinished round.
         """
         current = None
         if self.current is not None:
             current = {"member": self.labels[self.current[0]], "probability": self.current[1]}
-        return {
-            "version": STATE_VERSION,
-            **self.params(),
-            "cumulative_loss": dict(zip(self.labels, self.learner.cumulative_loss.tolist())),
-            "rounds": self.learner.rounds,
-            "draws": self.learner.draws,
-            "current": current,
+        contexts = {
+            context: {
+                "cumulative_loss": dict(zip(self.labels, learner.cumulative_loss.tolist())),
+                "rounds": learner.rounds,
+                "mixability_gap": learner.mixability_gap,
+            }
+            for context, learner in self.learners.items()
         }
+        return {"version": STATE_VERSION, **self.params(), "contexts": contexts, "draws": self.draws, "current": current}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "SelectorPolicy":
         """Restore a selector exactly from :meth:`to_state`'s document."""
         if not isinstance(state, Mapping):
             raise SelectorStateError(f"selector state must be a JSON object, got {type(state).__name__}")
+        if state.get("version") == 1:
+            state = _upgrade_version_1(state)
         if state.get("version") != STATE_VERSION:
             raise SelectorStateError(
                 f"selector state field 'version' is {state.get('version')!r}; this code reads version {STATE_VERSION}: "
-                "start a fresh selector or convert the document"
+                "start a fresh selector (delete the stored state) or convert the document"
             )
-        fields = ("version", "pool", "algorithm", "choice", "horizon", "seed", "warm_up_rounds", "loss_scale")
-        fields += ("cumulative_loss", "rounds", "draws", "current")
+        settings = ("pool", "algorithm", "seed", "warm_up_rounds")
+        fields = ("version", *settings, "contexts", "draws", "current")
         missing = [f for f in fields if f not in state]
         unknown = sorted(set(state) - set(fields))
         if missing or unknown:
             raise SelectorStateError(f"selector state has missing field(s) {missing} and unknown field(s) {unknown}")
         try:
-            selector = cls(**{f: state[f] for f in fields[1:8]})
+            selector = cls(**{f: state[f] for f in settings})
         except (TypeError, ValueError) as exc:
             raise SelectorStateError(f"selector state: {exc}") from None
-        losses = state["cumulative_loss"]
-        if not isinstance(losses, Mapping) or sorted(losses) != sorted(selector.labels):
-            raise SelectorStateError(
-                f"selector state field 'cumulative_loss' must map exactly the pool's members {list(selector.labels)} "
-                f"to numbers; got keys {sorted(losses) if isinstance(losses, Mapping) else losses!r}"
-            )
-        values = [losses[label] for label in selector.labels]
-        if not all(_is_number(v) and v >= 0 for v in values):
-            raise SelectorStateError(
-                f"selector state field 'cumulative_loss' holds a value that is not a finite number >= 0: {values}"
-            )
-        for name in ("rounds", "draws"):
-            if not _is_count(state[name]):
-                raise SelectorStateError(f"selector state field {name!r} must be an integer >= 0, got {state[name]!r}")
-        selector.learner.cumulative_loss = np.asarray(values, dtype=float)
-        selector.learner.rounds = state["rounds"]
-        selector.learner.draws = state["draws"]
+        if not _is_count(state["draws"]):
+            raise SelectorStateError(f"selector state field 'draws' must be an integer >= 0, got {state['draws']!r}")
+        selector.draws = state["draws"]
+        contexts = state["contexts"]
+        if not isinstance(contexts, Mapping):
+            raise SelectorStateError(f"selector state field 'contexts' must be an object of kinds of job, got {contexts!r}")
+        for context, learned in contexts.items():
+            selector.learners[context] = _read_learner(context, learned, selector.labels, selector.algorithm)
         selector.current = _read_current(state["current"], selector.labels)
         return selector
 
@@ -371,11 +405,11 @@ class SelectorPolicy(Policy):
 def shortfall_losses(utilities: Mapping[str, float], scale: float) -> dict[str, float]:
     """Full-information losses in [0, 1]: each member's shortfall from the round's best, over ``scale``.
 
-    The members of a pool differ by a few percent of a job's cost, so measuring them against the
-    job's whole value (as :func:`normalised_loss` must, lacking the other members) would leave the
-    weights near uniform for hundreds of rounds. Against the round's best, a member ``scale``
-    dollars worse loses 1 and the best loses 0: the same regret bound, in these units, learnt
-    from a handful of jobs. ``scale`` depends on the job only, never on the round's spread.
+    ``scale`` is the job's on-demand cost: a member a whole on-demand bill behind the round's
+    best loses 1 (worse is clipped), the best loses 0. Measured against the best rather than
+    against the job's value (as :func:`normalised_loss` must, lacking the other members), the
+    few percent that separate members are the whole signal, and AdaHedge's rate adapts to their
+    size, so no further scale is chosen.
     """
     best = max(utilities.values())
     return {label: min(max((best - u) / scale, 0.0), 1.0) if scale > 0 else 0.0 for label, u in utilities.items()}
@@ -428,21 +462,6 @@ def _market_key(job_market: JobMarket) -> str:
     return digest.hexdigest()
 
 
-def _check_options(num_members: int, algorithm: str, choice: str, horizon: int | None, seed: int) -> None:
-    if num_members < 1:
-        raise ValueError("pool is empty; give at least one member")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
-    if choice not in CHOICES:
-        raise ValueError(f"choice must be one of {list(CHOICES)}, got {choice!r}")
-    if algorithm == "exp3" and choice == "leader":
-        raise ValueError('choice "leader" needs full information; use choice="sample" with algorithm="exp3"')
-    if horizon is not None and not (_is_count(horizon) and horizon > 0):
-        raise ValueError(f"horizon must be a positive integer (rounds) or None for the anytime rate, got {horizon!r}")
-    if not _is_count(seed):
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-
-
 def _check_pool(pool: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:
     if isinstance(pool, (str, bytes, Mapping)) or not isinstance(pool, Sequence) or not pool:
         raise ValueError('pool must be a non-empty list of {"policy": name, "params": {...}}')
@@ -483,6 +502,49 @@ def _read_current(current: Any, labels: Sequence[str]) -> tuple[int, float] | No
             f'"probability": a number in (0, 1]}}, got {current!r}'
         )
     return labels.index(current["member"]), float(current["probability"])
+
+
+def _log_sum_exp(x: np.ndarray) -> float:
+    top = float(x.max())
+    return top + math.log(float(np.exp(x - top).sum()))
+
+
+def _upgrade_version_1(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A version-2 document from a version-1 one: same pool, settings and draws, nothing learnt.
+
+    Version 1 kept one set of weights for every kind of job, on another loss scale; they do not
+    split into kinds, so each kind warms up on history again, as a fresh selector would.
+    """
+    logger.warning(
+        "selector state version 1 upgraded to version 2: its weights (one set for every kind of job) are not "
+        "carried over; each kind of job warms up on the market's history on its next run"
+    )
+    settings = {key: state[key] for key in ("pool", "algorithm", "seed", "warm_up_rounds", "draws") if key in state}
+    return {"version": STATE_VERSION, **settings, "contexts": {}, "current": None}
+
+
+def _read_learner(context: str, learned: Any, labels: Sequence[str], algorithm: str) -> ExponentialWeights:
+    where = f"selector state field 'contexts' entry {context!r}"
+    if not isinstance(learned, Mapping) or sorted(learned) != ["cumulative_loss", "mixability_gap", "rounds"]:
+        raise SelectorStateError(f"{where} must hold exactly cumulative_loss, rounds and mixability_gap; got {learned!r}")
+    losses = learned["cumulative_loss"]
+    if not isinstance(losses, Mapping) or sorted(losses) != sorted(labels):
+        raise SelectorStateError(
+            f"{where}: 'cumulative_loss' must map exactly the pool's members {list(labels)} to numbers; "
+            f"got keys {sorted(losses) if isinstance(losses, Mapping) else losses!r}"
+        )
+    values = [losses[label] for label in labels]
+    if not all(_is_number(v) and v >= 0 for v in values):
+        raise SelectorStateError(f"{where}: 'cumulative_loss' holds a value that is not a finite number >= 0: {values}")
+    if not _is_count(learned["rounds"]):
+        raise SelectorStateError(f"{where}: 'rounds' must be an integer >= 0, got {learned['rounds']!r}")
+    if not (_is_number(learned["mixability_gap"]) and learned["mixability_gap"] >= 0):
+        raise SelectorStateError(f"{where}: 'mixability_gap' must be a number >= 0, got {learned['mixability_gap']!r}")
+    learner = ExponentialWeights(len(labels), algorithm)
+    learner.cumulative_loss = np.asarray(values, dtype=float)
+    learner.rounds = learned["rounds"]
+    learner.mixability_gap = float(learned["mixability_gap"])
+    return learner
 
 
 def _is_count(value: Any) -> bool:

@@ -6,8 +6,8 @@ Variables are last-writer-wins, so two runs ending together could each write a s
 the other's round. Two rules keep every round:
 
 - **merge, don't overwrite**: a run re-reads the freshest document just before writing and
-  applies its own round to it (Hedge's cumulative losses add up, so the order of rounds does
-  not matter);
+  applies its own round to it (rounds are learnt in the order they close, each on the state
+  left by the rounds closed before it);
 - **verify, then retry**: after writing, the run reads the document back; if its job id is not
   in ``runs`` another writer overwrote it in between, and it merges and writes again.
 
@@ -68,6 +68,8 @@ def close_round(document: Mapping[str, Any] | None, run: OnlineRun) -> dict[str,
     selector.current = (selector.labels.index(label), float(run.member["probability"]))
     result = run.result()
     losses = selector.update(run.config.job, run.realised_market(), {label: result["utility"]})
+    # The run drew its member from the document it started on; the next run draws after it.
+    selector.draws = max(selector.draws, int(run.selector_start["draws"]))
     return {
         "selector": selector.to_state(),
         "runs": (runs + [job_id])[-KEEP_RUN_IDS:],
