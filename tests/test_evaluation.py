@@ -19,10 +19,12 @@ from airflow_provider_spotsched.simulation.evaluation import (
     EvaluationError,
     GridConfig,
     Row,
+    merge_selector_parts,
     plan_scenarios,
     run_scenario,
     run_selector,
     scenario_job,
+    selector_tasks,
     template_job,
     with_relatives,
 )
@@ -103,11 +105,32 @@ def test_selector_learns_a_round_only_after_its_horizon(monkeypatch, slice_trace
     runs = [run_scenario(config, scenario, [], selector=True) for scenario in plan]
     rows, learning = run_selector(config, runs)
     assert [r.policy for r in rows] == ["selector"] * 3
-    rounds = learning["rounds"]
-    assert rounds[0]["round"] == 0 and rounds[0]["warm_up_rounds"] > 0
-    assert [r["learnt_before"] for r in rounds[1:]] == [plan[2].start_text, None, None]
-    assert learning["final_state"]["rounds"] == rounds[0]["warm_up_rounds"] + 3
-    assert set(rounds[-1]["weights"]) == set(learning["members"])
+    rounds, (context,) = learning["rounds"], learning["warm_up_rounds"]  # one kind of job, warmed up once
+    assert learning["warm_up_rounds"][context] > 0
+    assert [r["learnt_before"] for r in rounds] == [plan[2].start_text, None, None]
+    learnt = learning["final_state"]["contexts"][context]["rounds"]
+    assert learnt == learning["warm_up_rounds"][context] + 3
+    plays = learning["plays"]
+    assert [p["start"] for p in plays] == [s.start_text for s in plan]
+    assert all(set(p["probabilities"]) == set(learning["members"]) for p in plays)
+    assert all(sum(p["probabilities"].values()) == pytest.approx(1.0) for p in plays)
+
+
+def test_a_trace_split_by_kind_of_job_learns_as_one_sequence(monkeypatch, slice_trace, slice_path):
+    pool = [{"policy": "greedy"}, {"policy": "prediction-free", "params": {"price_threshold": 0.5}}]
+    monkeypatch.setitem(ev.POLICY_SPECS, "selector", ev.PolicySpec("selector", "selector", (("pool", pool),)))
+    config = GridConfig(traces=(str(slice_path),), policies=("selector",), scenarios=2, **{**TINY, "n_max": (1, 2)})
+    runs = [run_scenario(config, scenario, [], selector=True) for scenario in plan_scenarios(config, slice_trace)]
+    whole_rows, whole = run_selector(config, runs)
+    tasks = selector_tasks(config, runs)
+    assert len(tasks) == 2  # one per N_max
+    rows, merged = merge_selector_parts([run_selector(config, part, draws) for part, draws in tasks])
+    untimed = lambda rows: sorted((replace(r, decision_ms_mean=0, decision_ms_p50=0) for r in rows), key=str)  # noqa: E731
+    assert untimed(rows) == untimed(whole_rows)
+    assert merged["plays"] == whole["plays"]
+    assert merged["final_state"]["contexts"] == whole["final_state"]["contexts"]
+    assert merged["final_state"]["draws"] == whole["final_state"]["draws"] == len(runs)
+    assert merged["warm_up_rounds"] == whole["warm_up_rounds"]
 
 
 def test_evaluate_writes_every_file_with_the_right_columns(tmp_path, slice_path, capsys):
@@ -129,6 +152,7 @@ def test_evaluate_writes_every_file_with_the_right_columns(tmp_path, slice_path,
     summary = (out / "summary.md").read_text()
     assert "spotsched evaluate --out" in summary and "## gcp_4d" in summary and "## All traces" in summary
     results = json.loads((out / "results.json").read_text())
-    assert results["selector"]["gcp_4d"]["final_state"]["version"] == 1
+    assert results["selector"]["gcp_4d"]["final_state"]["version"] == 2
+    assert "## Selector, expected over its draws" in (out / "summary.md").read_text()
     for name in ("cost_per_policy", "utility_vs_slack", "chc_forecast_error", "selector_weights"):
         assert (out / f"{name}.png").stat().st_size > 0

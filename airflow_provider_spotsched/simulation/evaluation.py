@@ -30,6 +30,7 @@ from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughpu
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Policy
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
+from airflow_provider_spotsched.scheduling.selector import job_context
 from airflow_provider_spotsched.simulation.simulator import JobMarket, SimulationResult, job_market, simulate
 
 ORACLE_ERRORS = (0.0, 0.1, 0.25, 0.5)
@@ -82,6 +83,9 @@ def _policy_specs() -> dict[str, PolicySpec]:
 
 
 POLICY_SPECS: dict[str, PolicySpec] = _policy_specs()
+# The default grid runs every policy but CHC on seasonal-naive forecasts, which the statsmodels
+# forecasters (chc-auto) superseded; name it with --policies to compare them.
+DEFAULT_POLICIES: tuple[str, ...] = tuple(key for key in POLICY_SPECS if key != "chc-seasonal-naive")
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ class GridConfig:
     n_max: tuple[int, ...] = (1, 4, 8, 16)
     slack: tuple[float, ...] = (1.25, 1.5, 2.0)
     overhead: tuple[float, ...] = (0.1, 0.25)
-    policies: tuple[str, ...] = tuple(POLICY_SPECS)
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     base_hours: float = 12.0
     throughput: Throughput = Throughput(1.0, 0.0)
     hard_deadline_factor: float = 1.5
@@ -318,45 +322,102 @@ def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], se
     return ScenarioRun(scenario, rows, utilities)
 
 
-def run_selector(config: GridConfig, runs: Sequence[ScenarioRun]) -> tuple[list[Row], dict[str, Any]]:
-    """The selector over one trace's scenarios in order of start time, one round per scenario.
+def run_selector(
+    config: GridConfig, runs: Sequence[ScenarioRun], draw_numbers: dict[int, int] | None = None
+) -> tuple[list[Row], dict[str, Any]]:
+    """The selector over scenarios of one trace in order of start time, one round per scenario.
 
-    A fresh selector warms up on the history before the first start (round 0 of its history).
-    A round's feedback (its members' counterfactual utilities) is learnt only once its job's
-    horizon has ended, i.e. before the first round that starts at or after that instant, so the
-    selector never learns from market data later than the job it is deciding.
+    Each kind of job warms up on the history before its first start. A round's feedback (its
+    members' counterfactual utilities) is learnt only once its job's horizon has ended, i.e.
+    before the first round that starts at or after that instant, so the selector never learns
+    from market data later than the job it is deciding. ``plays`` records the probabilities
+    each job's member was drawn with, from which the selector's expected excess cost follows
+    without the noise of its draws.
+
+    Kinds of job learn independently and share only the sequence of draws, so a trace's
+    sequence can run as one task per kind (see :func:`selector_tasks`): ``draw_numbers`` maps a
+    scenario's ``index`` to its draw in the whole trace's sequence (default: ``runs`` is that
+    whole sequence).
     """
     spec = POLICY_SPECS[SELECTOR]
     selector = spec.build(config.seed)
     trace = cached_trace(runs[0].scenario.trace)
     ordered = sorted(runs, key=lambda r: r.scenario.index)
-    first_job, first_market = scenario_job(config, trace, ordered[0].scenario)
-    warm_up = selector.warm_up(first_market, first_job)
-    history: list[dict[str, Any]] = [{"round": 0, "warm_up_rounds": warm_up, "weights": selector.weights()}]
-    waiting: list[tuple[datetime, ScenarioRun, Job, JobMarket, str | None]] = []
+    draws = draw_numbers or {run.scenario.index: n for n, run in enumerate(ordered)}
+    waiting: list[tuple[datetime, ScenarioRun, Job, JobMarket]] = []
     rows: list[Row] = []
+    plays: list[dict[str, Any]] = []
+    rounds: list[dict[str, Any]] = []
+    warm_up: dict[str, int] = {}
 
     def learn(before: Scenario | None) -> None:
         waiting.sort(key=lambda item: item[0])
         while waiting and (before is None or waiting[0][0] <= before.start):
-            _, run, job, market, played = waiting.pop(0)
+            ends, run, job, market = waiting.pop(0)
             selector.update(job, market, run.member_utilities)
-            history.append({
-                "round": len(history), "start": run.scenario.start_text, "n_max": run.scenario.n_max,
-                "slack": run.scenario.slack, "overhead": run.scenario.overhead, "played": played,
-                "learnt_before": None if before is None else before.start_text,
-                "utilities": run.member_utilities, "weights": selector.weights(),
+            rounds.append({
+                **_cell(run.scenario), "context": job_context(job), "ends": ends.isoformat(),
+                "learnt_before": None if before is None else before.start_text, "utilities": run.member_utilities,
             })
 
     for run in ordered:
         scenario = run.scenario
         learn(before=scenario)
         job, market = scenario_job(config, trace, scenario)
-        rows.append(make_row(scenario, spec, simulate(selector, job, market)))
+        context = job_context(job)
+        fresh = context not in selector.learners
+        selector.draws = draws[scenario.index]
+        row = make_row(scenario, spec, simulate(selector, job, market))
+        if fresh:
+            warm_up[context] = selector.learners[context].rounds
+        plays.append({
+            **_cell(scenario), "draw": draws[scenario.index], "context": context, "played": selector.playing,
+            "probabilities": dict(zip(selector.labels, selector.learner(job).probabilities().tolist())),
+            "utilities": run.member_utilities,
+        })
+        rows.append(row)
         ends = scenario.start + timedelta(hours=job.horizon_slots * job.slot_hours)
-        waiting.append((ends, run, job, market, selector.playing))
+        waiting.append((ends, run, job, market))
     learn(before=None)
-    return rows, {"members": list(selector.labels), "rounds": history, "final_state": selector.to_state()}
+    learning = {"members": list(selector.labels), "warm_up_rounds": warm_up, "plays": plays, "rounds": rounds}
+    return rows, {**learning, "final_state": selector.to_state()}
+
+
+def selector_tasks(config: GridConfig, runs: Sequence[ScenarioRun]) -> list[tuple[list[ScenarioRun], dict[int, int]]]:
+    """A trace's selector sequence split by kind of job, each part with its draw numbers."""
+    ordered = sorted(runs, key=lambda r: r.scenario.index)
+    draws = {run.scenario.index: n for n, run in enumerate(ordered)}
+    trace = cached_trace(ordered[0].scenario.trace)
+    parts: dict[str, list[ScenarioRun]] = {}
+    for run in ordered:
+        parts.setdefault(job_context(scenario_job(config, trace, run.scenario)[0]), []).append(run)
+    return [(part, {run.scenario.index: draws[run.scenario.index] for run in part}) for part in parts.values()]
+
+
+def merge_selector_parts(parts: Sequence[tuple[list[Row], dict[str, Any]]]) -> tuple[list[Row], dict[str, Any]]:
+    """One trace's selector rows and learning from its per-kind parts, as one sequence gives them
+    (kinds in the state ordered by their last play)."""
+    plays = sorted((p for _, part in parts for p in part["plays"]), key=lambda p: p["draw"])
+    rounds = sorted((r for _, part in parts for r in part["rounds"]), key=lambda r: (r["ends"], r["start"]))
+    last_play = {play["context"]: play["draw"] for play in plays}
+    contexts = {k: v for _, part in parts for k, v in part["final_state"]["contexts"].items()}
+    final_state = {
+        **parts[0][1]["final_state"],
+        "contexts": {k: contexts[k] for k in sorted(contexts, key=last_play.__getitem__)},
+        "draws": len(plays),
+    }
+    learning = {
+        "members": parts[0][1]["members"],
+        "warm_up_rounds": {k: v for _, part in parts for k, v in part["warm_up_rounds"].items()},
+        "plays": plays,
+        "rounds": rounds,
+        "final_state": final_state,
+    }
+    return [row for part_rows, _ in parts for row in part_rows], learning
+
+
+def _cell(scenario: Scenario) -> dict[str, Any]:
+    return {"start": scenario.start_text, "n_max": scenario.n_max, "slack": scenario.slack, "overhead": scenario.overhead}
 
 
 def with_relatives(rows: Sequence[Row]) -> list[Row]:
@@ -400,8 +461,8 @@ ProgressCallback = Callable[[int, int, int, int, float], None]
 def evaluate(config: GridConfig, workers: int = 2, on_progress: ProgressCallback | None = None) -> Evaluation:
     """Run the grid over ``workers`` processes; rows come back in grid order.
 
-    Scenarios run first, in parallel; a trace's selector sequence starts as soon as all of that
-    trace's scenarios (which carry its feedback) are done.
+    Scenarios run first, in parallel; a trace's selector sequence starts, one task per kind of
+    job, as soon as all of that trace's scenarios (which carry its feedback) are done.
     """
     if workers < 1:
         raise EvaluationError(f"workers must be >= 1, got {workers}")
@@ -413,6 +474,8 @@ def evaluate(config: GridConfig, workers: int = 2, on_progress: ProgressCallback
     selector_total = len(plans) if with_selector else 0
     rows: list[Row] = []
     runs: dict[str, list[ScenarioRun]] = {path: [] for path in plans}
+    parts: dict[str, list[tuple[list[Row], dict[str, Any]]]] = {path: [] for path in plans}
+    expected_parts: dict[str, int] = {}
     selector: dict[str, Any] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
         pending: dict[Future, str | None] = {
@@ -428,11 +491,17 @@ def evaluate(config: GridConfig, workers: int = 2, on_progress: ProgressCallback
                     run = future.result()
                     rows += run.rows
                     runs[run.scenario.trace].append(run)
-                    if with_selector and len(runs[run.scenario.trace]) == len(plans[run.scenario.trace]):
-                        pending[pool.submit(run_selector, config, runs[run.scenario.trace])] = run.scenario.trace
+                    trace_runs = runs[run.scenario.trace]
+                    if with_selector and len(trace_runs) == len(plans[run.scenario.trace]):
+                        tasks = selector_tasks(config, trace_runs)
+                        expected_parts[run.scenario.trace] = len(tasks)
+                        for part, draws in tasks:
+                            pending[pool.submit(run_selector, config, part, draws)] = run.scenario.trace
                 else:
-                    selector_rows, selector[trace_name(path)] = future.result()
-                    rows += selector_rows
+                    parts[path].append(future.result())
+                    if len(parts[path]) == expected_parts[path]:
+                        selector_rows, selector[trace_name(path)] = merge_selector_parts(parts[path])
+                        rows += selector_rows
             if on_progress is not None:
                 done = sum(len(r) for r in runs.values())
                 on_progress(done, total, len(selector), selector_total, time.monotonic() - began)

@@ -105,8 +105,8 @@ def utility_vs_slack(rows: Sequence[Row], traces: Sequence[str], policies: Seque
 def chc_forecast_error(rows: Sequence[Row], traces: Sequence[str]) -> Figure | None:
     """CHC's mean utility relative to optimal against the oracle's injected forecast error.
 
-    The dashed and dotted lines per trace are CHC with the real forecasters (seasonal-naive, and
-    the per-pool automatic choice of ``docs/forecasting.md``), for reference.
+    The dotted (and, when it was run, dashed) lines per trace are CHC with the real forecasters:
+    the per-pool automatic choice of ``docs/forecasting.md`` (and seasonal-naive), for reference.
     """
     errors = {key: spec.forecast_error for key, spec in POLICY_SPECS.items() if spec.forecast_error is not None}
     oracle = [r for r in rows if r.policy in errors]
@@ -132,19 +132,24 @@ def chc_forecast_error(rows: Sequence[Row], traces: Sequence[str]) -> Figure | N
 
 
 def selector_weights(selector: dict[str, Any]) -> Figure | None:
-    """Each pool member's weight after every round's feedback (one round = one job), per trace."""
-    traces = [t for t, learning in selector.items() if learning.get("rounds")]
+    """The probability each pool member was drawn with, averaged over each start's jobs, per trace.
+
+    Every kind of job has its own weights; averaging over a start's jobs shows how the learner
+    as a whole moves between members as rounds come back.
+    """
+    traces = [t for t, learning in selector.items() if learning.get("plays")]
     if not traces:
         return None
     figure, axes = _panels(len(traces))
     for ax, trace in zip(axes, traces):
-        rounds = selector[trace]["rounds"]
+        plays = selector[trace]["plays"]
+        starts = list(dict.fromkeys(play["start"] for play in plays))
         for i, member in enumerate(selector[trace]["members"]):
-            ax.plot([r["round"] for r in rounds], [r["weights"][member] for r in rounds], label=member,
-                    **{**_style(i), "marker": None})
+            means = [np.mean([p["probabilities"][member] for p in plays if p["start"] == s]) for s in starts]
+            ax.plot(range(1, len(starts) + 1), means, label=member, **_style(i))
         ax.set_title(trace)
-        ax.set_xlabel("rounds learnt (0 = after the warm-up on history)")
-        ax.set_ylabel("weight (probability of being played)")
+        ax.set_xlabel("start time (1 = first; each kind of job warms up before it)")
+        ax.set_ylabel("probability played (mean over a start's jobs)")
         ax.set_ylim(bottom=0)
     _legend_below(figure, axes, columns=2)
     figure.suptitle("Selector: member weights over rounds")
