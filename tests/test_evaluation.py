@@ -127,7 +127,7 @@ def test_a_trace_split_by_kind_of_job_learns_as_one_sequence(monkeypatch, slice_
     rows, merged = merge_selector_parts([run_selector(config, part, draws) for part, draws in tasks])
     untimed = lambda rows: sorted((replace(r, decision_ms_mean=0, decision_ms_p50=0) for r in rows), key=str)  # noqa: E731
     assert untimed(rows) == untimed(whole_rows)
-    assert merged["plays"] == whole["plays"]
+    assert merged["plays"] == whole["plays"] and merged["rounds"] == whole["rounds"]
     assert merged["final_state"]["contexts"] == whole["final_state"]["contexts"]
     assert merged["final_state"]["draws"] == whole["final_state"]["draws"] == len(runs)
     assert merged["warm_up_rounds"] == whole["warm_up_rounds"]

@@ -398,7 +398,11 @@ def merge_selector_parts(parts: Sequence[tuple[list[Row], dict[str, Any]]]) -> t
     """One trace's selector rows and learning from its per-kind parts, as one sequence gives them
     (kinds in the state ordered by their last play)."""
     plays = sorted((p for _, part in parts for p in part["plays"]), key=lambda p: p["draw"])
-    rounds = sorted((r for _, part in parts for r in part["rounds"]), key=lambda r: (r["ends"], r["start"]))
+    cell_order = {(p["start"], p["n_max"], p["slack"], p["overhead"]): p["draw"] for p in plays}
+    rounds = sorted(
+        (r for _, part in parts for r in part["rounds"]),
+        key=lambda r: (r["ends"], cell_order[(r["start"], r["n_max"], r["slack"], r["overhead"])]),
+    )
     last_play = {play["context"]: play["draw"] for play in plays}
     contexts = {k: v for _, part in parts for k, v in part["final_state"]["contexts"].items()}
     final_state = {
