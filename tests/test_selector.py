@@ -192,8 +192,9 @@ def test_each_kind_of_job_learns_on_its_own_and_warms_up_on_its_own():
     selector = SelectorPolicy(POOL, warm_up_rounds=2)
     simulate(selector, small, job_market(60, 0))
     assert selector.learner(small).rounds == 2
-    before = selector.weights(large)  # created fresh: uniform, nothing learnt
-    assert len(set(before.values())) == 1 and selector.learner(large).rounds == 0
+    before = selector.weights(large)  # not seen yet: uniform, and reading it creates nothing
+    assert len(set(before.values())) == 1 and job_context(large) not in selector.learners
+    assert selector.learner(large).rounds == 0
     selector.update(small, job_market(60, 0))
     assert selector.weights(large) == before
     simulate(selector, large, job_market(60, 1))

@@ -266,8 +266,10 @@ class SelectorPolicy(Policy):
         return self.learners[context]
 
     def weights(self, job: Job) -> dict[str, float]:
-        """The distribution ``job``'s round is drawn from, by member label."""
-        return dict(zip(self.labels, self.learner(job).probabilities().tolist()))
+        """The distribution ``job``'s round is drawn from, by member label (uniform for a kind of
+        job not seen yet, before its warm-up); reading it changes nothing."""
+        learner = self.learners.get(job_context(job)) or ExponentialWeights(len(self.pool), self.algorithm)
+        return dict(zip(self.labels, learner.probabilities().tolist()))
 
     def counterfactual_utilities(self, job: Job, job_market: JobMarket) -> dict[str, float]:
         """Every member's utility had it run ``job`` on the realised ``job_market``."""
