@@ -415,6 +415,7 @@ def test_the_market_clock_replays_slots_on_wall_time():
     clock = MarketClock.replay(market([[3, 0], [1, 2]]), seconds_per_slot=2.0, start=1000.0)
     assert [clock.slot(t) for t in (900.0, 1000.0, 1001.9, 1002.0, 1e9)] == [0, 0, 0, 1, 1]
     assert [clock.capacity("pool-0", t) for t in (1000.0, 1003.0)] == [3, 1]
+    assert [clock.seconds_to_next_slot(t) for t in (900.0, 1000.0, 1001.5, 1002.0)] == [100.0, 2.0, 0.5, 2.0]
     assert clock.notice_seconds == pytest.approx(AWS_NOTICE_SECONDS / 1800)  # 1 h slots in 2 s
     assert MarketClock.from_dict(clock.to_dict()) == clock
     with pytest.raises(ValueError, match="pool 'nope' is not in the replayed market"):

@@ -2,7 +2,10 @@
 
 The caller of the local backend defers between slots, so someone else must keep the workers and
 the market replay alive: one supervisor per job, started by ``reconcile`` as a daemon (double
-fork, own session) and driven only by the job directory (:mod:`.local_jobdir`). Every tick it
+fork, own session) and driven only by the job directory (:mod:`.local_jobdir`). It ticks every
+``poll_s`` and at every slot boundary of the replayed market (so a capacity drop lands as its
+slot starts, as on a cloud, not up to a poll later, when the scheduler may already have moved
+away from it). Every tick it
 
 1. reaps exited workers: exit 0 on rank 0 finishes the job; exit 75 after our SIGTERM is a clean
    stop (PREEMPTED or RELEASED by its stop reason, else a restart); anything else is FAILED with
@@ -47,6 +50,7 @@ from airflow_provider_spotsched.backends.market_clock import MarketClock
 
 EXIT_DONE = 0
 EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped after an emergency checkpoint
+BOUNDARY_MARGIN_S = 0.002  # wake this far past a slot boundary, so that the clock reads the new slot
 STOP_STATES = {"preempted": InstanceState.PREEMPTED, "released": InstanceState.RELEASED}
 
 
@@ -82,7 +86,9 @@ class Supervisor:
                     self.jobdir.save(state)
                 if done:
                     return
-                time.sleep(self.poll_s)
+                # Wake at the next slot boundary too, so that the market's capacity changes land
+                # when the replayed slot starts, before the scheduler's decision for that slot does.
+                time.sleep(min(self.poll_s, self.clock.seconds_to_next_slot() + BOUNDARY_MARGIN_S))
         except BaseException as exc:
             self.abort(exc)
             raise

@@ -79,6 +79,13 @@ class MarketClock:
         elapsed = math.floor((now - self.start) / self.seconds_per_slot)
         return min(max(elapsed, 0), self.num_slots - 1)
 
+    def seconds_to_next_slot(self, now: float | None = None) -> float:
+        """Wall seconds from ``now`` until the next slot starts (until slot 0 before the start)."""
+        now = time.time() if now is None else now
+        if now < self.start:
+            return self.start - now
+        return self.start + (math.floor((now - self.start) / self.seconds_per_slot) + 1) * self.seconds_per_slot - now
+
     def capacity(self, pool: str, now: float | None = None) -> int:
         """How many spot workers pool ``pool`` may run at wall time ``now``."""
         try:
