@@ -39,29 +39,12 @@ import numpy as np
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the fake task context and worker the operator tests use
+from tests.task_context import TaskContext, TaskStateStore, rebuilt  # noqa: E402
+
 FAKE_WORKER = REPO / "tests" / "fake_worker.py"
 POOLS = ["us-east4-a", "europe-west1-c"]
 MARKET_START = "2025-10-11T03:10:00Z"
-
-
-class TaskStateStore:
-    """``context["task_state_store"]``: JSON values by key (what Airflow keeps across tries)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return json.loads(self.values[key]) if key in self.values else default
-
-    def set(self, key: str, value: Any, retention: Any = None) -> None:
-        self.values[key] = json.dumps(value)
-
-
-class TaskInstance:
-    dag_id, task_id, run_id, map_index, try_number = "bench", "fine_tune", "manual__bench", -1, 1
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        json.dumps(value)  # what XCom would serialise
 
 
 def fine_tune_operator(workdir: Path, seconds_per_slot: float, poll_interval: float, step_s: float, policy: str):
@@ -89,15 +72,6 @@ def start(operator: Any, context: dict) -> Any:
     except TaskDeferred as deferred:
         return deferred
     raise RuntimeError("the operator finished without deferring")
-
-
-def rebuilt(trigger: Any) -> Any:
-    """The trigger as the triggerer rebuilds it from the database: serialise, JSON, construct."""
-    import importlib
-
-    path, kwargs = trigger.serialize()
-    module, name = path.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
 
 
 # -- 1. waiting triggers -------------------------------------------------------------------------
@@ -162,7 +136,7 @@ def measure_phase(kind: str, count: int, seconds: float, poll_interval: float, j
 
 def waiting_triggers(args: argparse.Namespace, workdir: Path) -> list[dict]:
     operator = fine_tune_operator(workdir, seconds_per_slot=3600.0, poll_interval=args.poll_interval, step_s=1.0, policy="uniform-progress")
-    context = {"ti": TaskInstance(), "task_state_store": TaskStateStore()}
+    context = TaskContext(TaskStateStore())
     deferred = start(operator, context)
     try:
         kwargs = deferred.trigger.serialize()[1]
@@ -189,7 +163,7 @@ def boundary_latency(args: argparse.Namespace, workdir: Path) -> list[dict]:
     from airflow.sdk.exceptions import TaskDeferred
 
     operator = fine_tune_operator(workdir, args.seconds_per_slot, poll_interval=0.2, step_s=0.2, policy=args.policy)
-    context = {"ti": TaskInstance(), "task_state_store": TaskStateStore()}
+    context = TaskContext(TaskStateStore())
     deferred = start(operator, context)
     samples = []
     try:

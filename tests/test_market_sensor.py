@@ -5,8 +5,6 @@ sensor run in a small DAG with ``dag.test()`` (in the throwaway deployment of te
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 import json
 import subprocess
 import sys
@@ -19,6 +17,7 @@ import pytest
 from airflow_provider_spotsched.sensors.market import SpotMarketSensor
 from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
 from tests.airflow_env import AirflowHome, airflow_home  # noqa: F401  (the session fixture)
+from tests.task_context import first_payload, rebuilt
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
@@ -50,22 +49,6 @@ def trigger(trace: Path, conditions: dict[str, Any], timeout_s: float = 30.0, st
     )
 
 
-def rebuilt(original: SpotMarketTrigger) -> SpotMarketTrigger:
-    """The trigger as a restarted triggerer rebuilds it: from its serialised, JSON-stored form."""
-    path, kwargs = original.serialize()
-    module, name = path.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
-
-
-def first_event(trigger: SpotMarketTrigger) -> dict[str, Any]:
-    async def first() -> dict[str, Any]:
-        async for event in trigger.run():
-            return event.payload
-        raise AssertionError("the trigger ended without an event")
-
-    return asyncio.run(first())
-
-
 def test_serialize_round_trip_keeps_every_argument_and_the_absolute_timeout(tmp_path):
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 0), "pool-b": (3.0, 0)}, {"pool-a": (3.0, 0), "pool-b": (3.0, 0)})
     original = trigger(trace, {"price_below": 2.0, "min_available": 2, "job": JOB, "forecaster": "persistence"})
@@ -79,7 +62,7 @@ def test_serialize_round_trip_keeps_every_argument_and_the_absolute_timeout(tmp_
 
 def test_fires_when_a_spot_price_drops_under_the_threshold(tmp_path):
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 4), "pool-b": (2.5, 4)}, {"pool-a": (1.5, 4), "pool-b": (2.5, 4)})
-    event = first_event(rebuilt(trigger(trace, {"price_below": 2.0}, start=SWITCH - timedelta(hours=1))))
+    event = first_payload(rebuilt(trigger(trace, {"price_below": 2.0}, start=SWITCH - timedelta(hours=1))))
     assert event["start"] is True and event["reason"] == "price" and event["fallback"] is None
     assert event["details"] == {"pool": "pool-a", "spot_price": 1.5, "available": 4}
     assert datetime.fromisoformat(event["market_time"].replace("Z", "+00:00")) >= SWITCH  # not before the drop
@@ -87,14 +70,14 @@ def test_fires_when_a_spot_price_drops_under_the_threshold(tmp_path):
 
 def test_a_cheap_pool_with_no_capacity_is_not_worth_starting_on(tmp_path):
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.0, 0), "pool-b": (3.0, 4)}, {"pool-a": (1.0, 0), "pool-b": (3.0, 4)})
-    event = first_event(trigger(trace, {"price_below": 2.0}, timeout_s=1.0))
+    event = first_payload(trigger(trace, {"price_below": 2.0}, timeout_s=1.0))
     assert event["reason"] == "timeout"
 
 
 def test_fires_when_enough_instances_are_likely_available_ahead(tmp_path):
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 1), "pool-b": (3.0, 0)}, {"pool-a": (3.0, 1), "pool-b": (3.0, 3)})
     conditions = {"min_available": 2, "min_probability": 0.9, "hours_ahead": 3.0, "forecaster": "persistence"}
-    event = first_event(rebuilt(trigger(trace, conditions, start=SWITCH - timedelta(hours=1))))
+    event = first_payload(rebuilt(trigger(trace, conditions, start=SWITCH - timedelta(hours=1))))
     assert event["reason"] == "availability"
     assert event["details"] == {"pool": "pool-b", "probability": 1.0, "slots": 3}
     assert datetime.fromisoformat(event["market_time"].replace("Z", "+00:00")) >= SWITCH
@@ -103,7 +86,7 @@ def test_fires_when_enough_instances_are_likely_available_ahead(tmp_path):
 def test_fires_when_the_schedulers_plan_starts_on_spot(tmp_path):
     # spot at 3 USD/h against 10 on demand, two instances in pool-a: CHC starts the job on spot now
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 2), "pool-b": (9.0, 2)}, {"pool-a": (3.0, 2), "pool-b": (9.0, 2)})
-    event = first_event(rebuilt(trigger(trace, {"job": JOB})))
+    event = first_payload(rebuilt(trigger(trace, {"job": JOB})))
     assert event["reason"] == "plan"
     assert event["details"]["allocation"]["spot"].get("pool-a", 0) >= 1
     assert event["details"]["plan"][0] == event["details"]["allocation"]
@@ -111,17 +94,17 @@ def test_fires_when_the_schedulers_plan_starts_on_spot(tmp_path):
 
 def test_the_plan_condition_waits_while_the_scheduler_would_not_start_on_spot(tmp_path):
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 0), "pool-b": (9.0, 0)}, {"pool-a": (3.0, 0), "pool-b": (9.0, 0)})
-    event = first_event(trigger(trace, {"job": JOB}, timeout_s=1.0))
+    event = first_payload(trigger(trace, {"job": JOB}, timeout_s=1.0))
     assert event["reason"] == "timeout"
 
 
 def test_timeout_falls_back_to_on_demand_instead_of_failing(tmp_path):
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 0), "pool-b": (3.0, 0)}, {"pool-a": (3.0, 0), "pool-b": (3.0, 0)})
     original = trigger(trace, {"price_below": 2.0, "min_available": 1, "forecaster": "persistence"}, timeout_s=0.5)
-    event = first_event(original)
+    event = first_payload(original)
     assert event["start"] is True and event["reason"] == "timeout" and event["fallback"] == "on-demand"
     assert event["details"]["timeout_at"] == original.timeout_at
-    assert first_event(rebuilt(original))["reason"] == "timeout"  # restarted after the timeout: fires at once
+    assert first_payload(rebuilt(original))["reason"] == "timeout"  # restarted after the timeout: fires at once
 
 
 def test_bad_conditions_are_refused_with_the_field_to_fix(tmp_path):

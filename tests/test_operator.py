@@ -1,7 +1,7 @@
 """The operator's loop driven by hand: re-attach on retry, kill, failure, refusals, the trigger.
 
 These tests call ``execute``/``execute_slot`` directly with a minimal task context (a
-``task_state_store`` and a task instance that records XComs, :class:`TaskContext`) and run the
+``task_state_store`` and a task instance that records XComs, tests/task_context.py) and run the
 trigger's first event with asyncio, as the triggerer would, after a serialise/rebuild round trip.
 The backend is the real local one on the replayed GCP trace; the workers are tests/fake_worker.py
 (the runtime's contract in milliseconds). tests/test_operator_e2e.py runs the same operator in a
@@ -11,7 +11,6 @@ real Airflow deployment with the real runtime.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import sys
 import time
@@ -35,40 +34,11 @@ from airflow_provider_spotsched.operators.fine_tune import (
 from airflow_provider_spotsched.scheduling.model import JobError
 from airflow_provider_spotsched.scheduling.online import BudgetError
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger, job_from_dict
+from tests.task_context import TaskContext, TaskStateStore, first_payload, rebuilt
 
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
 POOLS = ["us-east4-a", "europe-west1-c"]
 MARKET_START = "2025-10-11T03:10:00Z"  # us-east4-a loses its capacity in slot 2
-
-
-class TaskStateStore:
-    """``context["task_state_store"]``: JSON values by key, kept across tries of one task."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return json.loads(self.values[key]) if key in self.values else default
-
-    def set(self, key: str, value: Any, retention: Any = None) -> None:
-        self.values[key] = json.dumps(value)
-
-
-class TaskInstance:
-    """The few task-instance fields the operator reads, and the XComs it pushes."""
-
-    def __init__(self, try_number: int = 1) -> None:
-        self.dag_id, self.task_id, self.run_id, self.map_index = "tests", "fine_tune", "manual__1", -1
-        self.try_number = try_number
-        self.xcoms: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[key] = json.loads(json.dumps(value))
-
-
-class TaskContext(dict):
-    def __init__(self, store: TaskStateStore, try_number: int = 1) -> None:
-        super().__init__(ti=TaskInstance(try_number), task_state_store=store)
 
 
 def operator(tmp_path: Path, samples: int = 160, worker: dict | None = None, **overrides: Any) -> DeadlineSpotFineTuneOperator:
@@ -102,16 +72,7 @@ def backend(tmp_path: Path):
 
 def first_event(deferred: TaskDeferred) -> dict[str, Any]:
     """The trigger's first event, after a serialise/rebuild round trip (a triggerer restart)."""
-    path, kwargs = deferred.trigger.serialize()
-    module, name = path.rsplit(".", 1)
-    trigger = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
-
-    async def first() -> dict[str, Any]:
-        async for event in trigger.run():
-            return event.payload
-        raise AssertionError("the trigger ended without an event")
-
-    return asyncio.run(first())
+    return first_payload(rebuilt(deferred.trigger))
 
 
 def start(op: DeadlineSpotFineTuneOperator, context: TaskContext) -> TaskDeferred:
