@@ -26,7 +26,7 @@ from airflow_provider_spotsched.scheduling.planner import Plan, PlanRequest, sol
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
-from airflow_provider_spotsched.simulation.simulator import JobMarket, job_market, simulate
+from airflow_provider_spotsched.scheduling.replay import JobMarket, job_market, simulate
 
 
 TOLERANCE = 1e-6  # relative difference of objectives that still counts as the same

@@ -9,7 +9,7 @@ import numpy as np
 
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import Job, Throughput
-from airflow_provider_spotsched.simulation.simulator import JobMarket
+from airflow_provider_spotsched.scheduling.replay import JobMarket
 
 EPOCH = datetime(2025, 1, 1, tzinfo=timezone.utc)
 

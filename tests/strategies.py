@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import Job, Throughput
-from airflow_provider_spotsched.simulation.simulator import JobMarket
+from airflow_provider_spotsched.scheduling.replay import JobMarket
 from tests.markets import make_market
 
 MAX_AVAILABLE = 4

@@ -15,7 +15,7 @@ from airflow_provider_spotsched.scheduling.policies.on_demand import OnDemandPol
 from airflow_provider_spotsched.scheduling.policies.prediction_free import PredictionFreePolicy
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
-from airflow_provider_spotsched.simulation.simulator import simulate
+from airflow_provider_spotsched.scheduling.replay import simulate
 from tests.markets import make_job, make_market, whole
 
 IDLE = Allocation((0, 0), 0)

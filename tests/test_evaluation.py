@@ -28,7 +28,7 @@ from airflow_provider_spotsched.simulation.evaluation import (
     template_job,
     with_relatives,
 )
-from airflow_provider_spotsched.simulation.simulator import simulate
+from airflow_provider_spotsched.scheduling.replay import simulate
 from tests.test_cli import write_slice
 
 TINY = dict(n_max=(2,), slack=(1.5,), overhead=(0.1,), base_hours=4.0)

@@ -18,7 +18,7 @@ from airflow_provider_spotsched.scheduling.selector_store import (
     selector_state,
     store_round,
 )
-from airflow_provider_spotsched.simulation.simulator import JobMarket, simulate
+from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from tests.markets import make_job
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

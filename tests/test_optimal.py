@@ -12,7 +12,7 @@ from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.optimal import OptimalPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, on_demand_fallback
-from airflow_provider_spotsched.simulation.simulator import job_market, simulate
+from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 from tests.markets import make_job, make_market, whole
 
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 from airflow_provider_spotsched.scheduling.model import evaluate
 from airflow_provider_spotsched.scheduling.policies import POLICIES, make_policy, policy_class
-from airflow_provider_spotsched.simulation.simulator import simulate
+from airflow_provider_spotsched.scheduling.replay import simulate
 from tests.strategies import Scenario, scenarios, shared_prefix
 
 SPEC_POLICIES = {"on-demand", "greedy", "uniform-progress", "prediction-free", "chc", "optimal", "selector"}

@@ -58,7 +58,7 @@ class Block:
 sys.meta_path.insert(0, Block())
 from airflow_provider_spotsched import GCP_TRACE
 from airflow_provider_spotsched.market.trace import load_trace
-from airflow_provider_spotsched.simulation.simulator import job_market, simulate
+from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 from airflow_provider_spotsched.scheduling.policies import POLICIES, make_policy
 from airflow_provider_spotsched.scheduling.model import Job
 import airflow_provider_spotsched.cli

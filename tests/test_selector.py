@@ -23,7 +23,7 @@ from airflow_provider_spotsched.scheduling.selector import (
     normalised_loss,
     shortfall_losses,
 )
-from airflow_provider_spotsched.simulation.simulator import JobMarket, simulate
+from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from tests.markets import make_job, make_market
 
 POOL = [

@@ -36,7 +36,7 @@ from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
-from airflow_provider_spotsched.simulation.simulator import JobMarket
+from airflow_provider_spotsched.scheduling.replay import JobMarket
 
 STATE_VERSION = 1
 LOG_FORECAST_SLOTS = 24

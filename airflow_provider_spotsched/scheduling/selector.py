@@ -33,7 +33,7 @@ from airflow_provider_spotsched.scheduling.model import Allocation, Job
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
-from airflow_provider_spotsched.simulation.simulator import DEFAULT_LOOKBACK_HOURS, JobMarket, simulate
+from airflow_provider_spotsched.scheduling.replay import DEFAULT_LOOKBACK_HOURS, JobMarket, simulate
 
 STATE_VERSION = 2
 ALGORITHMS = ("hedge", "exp3")

@@ -10,7 +10,7 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.trace import TraceError
 from airflow_provider_spotsched.scheduling.model import Allocation, Job
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.simulation.simulator import PolicyError, job_market, simulate
+from airflow_provider_spotsched.scheduling.replay import PolicyError, job_market, simulate
 from tests.markets import make_job, make_market, whole
 
 
