@@ -14,11 +14,11 @@ import time
 from dataclasses import replace
 from statistics import mean, median
 
+from airflow_provider_spotsched.market.shipped import cached_trace
 from airflow_provider_spotsched.simulation.evaluation import (
     POLICY_SPECS,
     Evaluation,
     GridConfig,
-    cached_trace,
     evaluate,
 )
 

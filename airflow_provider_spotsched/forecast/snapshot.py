@@ -17,6 +17,7 @@ import numpy as np
 
 from airflow_provider_spotsched.forecast.base import Forecast
 from airflow_provider_spotsched.market.slots import HOLE_FACTOR, SlotMarket, resample, select_pools
+from airflow_provider_spotsched.market.source import MarketSource
 from airflow_provider_spotsched.market.trace import PoolSeries, Trace, TraceError, format_timestamp
 
 MAX_HORIZON = 48
@@ -25,6 +26,9 @@ only repeat its profile (or a constant), and CHC plans 24 slots ahead."""
 
 MIN_HISTORY_HOURS = 24.0
 """One daily season: the least a forecast of the working-day cycle can start from."""
+
+DEFAULT_HISTORY_HOURS = 14 * 24.0
+"""Two weeks: the longest history the forecasters' daily and weekly patterns use."""
 
 
 def trace_until(trace: Trace, at: datetime) -> Trace:
@@ -130,3 +134,25 @@ def forecast_document(
 
 def _floats(values: np.ndarray) -> list[float]:
     return [float(v) for v in values]
+
+
+def slot_market_at(
+    source: MarketSource,
+    at: datetime,
+    slot_hours: float = 1.0,
+    pools: Sequence[str] | None = None,
+    history_hours: float = DEFAULT_HISTORY_HOURS,
+) -> SlotMarket:
+    """The market in slots up to the one starting at ``at``, as ``spotsched forecast`` cuts it.
+
+    Reads ``history_hours`` before ``at`` and one slot after it: a replayed trace has ticks
+    after ``at``, which tell :func:`market_at` that ``at`` lies inside the trace (it reads
+    nothing after ``at``); a live market has none, so ``at`` must not be later than its
+    newest tick.
+    """
+    if not history_hours > 0:
+        raise ValueError(f"history_hours must be > 0, got {history_hours!r}")
+    trace = source.observe(at - timedelta(hours=history_hours), at + timedelta(hours=slot_hours))
+    if not trace.pools:
+        raise ValueError(f"the market has no ticks in the {history_hours:g} h before {at.isoformat()}; check the market and at")
+    return market_at(trace, at, slot_hours, list(pools) if pools else None)

@@ -21,20 +21,14 @@ Kinds and their options:
 
 from __future__ import annotations
 
-import functools
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-from airflow_provider_spotsched import AWS_TRACE, GCP_TRACE
-from airflow_provider_spotsched.forecast.snapshot import market_at
-from airflow_provider_spotsched.market.slots import SlotMarket
-from airflow_provider_spotsched.market.source import MarketSource, clip
-from airflow_provider_spotsched.market.trace import Trace, load_trace, parse_timestamp
-
-DEFAULT_HISTORY_HOURS = 14 * 24.0
-"""Two weeks: the longest history the forecasters' daily and weekly patterns use."""
+from airflow_provider_spotsched.market.shipped import trace_path
+from airflow_provider_spotsched.market.source import MarketSource, TraceFileSource
+from airflow_provider_spotsched.market.trace import Trace
 
 REQUIRED_OPTIONS: dict[str, tuple[str, ...]] = {
     "trace": ("path",),
@@ -42,7 +36,6 @@ REQUIRED_OPTIONS: dict[str, tuple[str, ...]] = {
     "aws": ("instance_type", "availability_zones", "on_demand_price"),
     "gcp": ("machine_type", "zones"),
 }
-SHIPPED_TRACES = {"gcp": GCP_TRACE, "aws": AWS_TRACE}
 
 
 class MarketSpec(MarketSource):
@@ -103,7 +96,7 @@ class MarketSpec(MarketSource):
     def _build(self) -> MarketSource:
         options = dict(self.options)
         if self.kind == "trace":
-            return _TraceReplay(_shipped_or_path(str(options["path"])))
+            return TraceFileSource(trace_path(str(options["path"])))
         if self.kind == "history":
             return _HistorySource(str(options.pop("root")))
         if self.kind == "aws":
@@ -119,16 +112,6 @@ class MarketSpec(MarketSource):
         return hook.get_source(options.pop("machine_type"), options.pop("zones"), **options)
 
 
-class _TraceReplay(MarketSource):
-    """A trace file parsed once per process (many triggers of one triggerer share it)."""
-
-    def __init__(self, path: Path) -> None:
-        self.trace = _load(path)
-
-    def observe(self, start: datetime, end: datetime) -> Trace:
-        return clip(self.trace, start, end)
-
-
 class _HistorySource(MarketSource):
     """The ticks a :class:`MarketHistoryStore` kept (collected by a market-recording DAG)."""
 
@@ -141,51 +124,3 @@ class _HistorySource(MarketSource):
 
     def observe(self, start: datetime, end: datetime) -> Trace:
         return self.store.window(start, end)
-
-
-def slot_market_at(
-    source: MarketSource,
-    at: datetime,
-    slot_hours: float = 1.0,
-    pools: Sequence[str] | None = None,
-    history_hours: float = DEFAULT_HISTORY_HOURS,
-) -> SlotMarket:
-    """The market in slots up to the one starting at ``at``, as ``spotsched forecast`` cuts it.
-
-    Reads ``history_hours`` before ``at`` and one slot after it: a replayed trace has ticks
-    after ``at``, which tell :func:`market_at` that ``at`` lies inside the trace (it reads
-    nothing after ``at``); a live market has none, so ``at`` must not be later than its
-    newest tick.
-    """
-    if not history_hours > 0:
-        raise ValueError(f"history_hours must be > 0, got {history_hours!r}")
-    trace = source.observe(at - timedelta(hours=history_hours), at + timedelta(hours=slot_hours))
-    if not trace.pools:
-        raise ValueError(f"the market has no ticks in the {history_hours:g} h before {at.isoformat()}; check the market and at")
-    return market_at(trace, at, slot_hours, list(pools) if pools else None)
-
-
-def parse_instant(value: datetime | str, name: str) -> datetime:
-    """A timezone-aware UTC instant from a datetime or an ISO-8601 string (a rendered template)."""
-    if isinstance(value, str):
-        try:
-            value = parse_timestamp(value)
-        except ValueError:
-            raise ValueError(f"{name} {value!r} is not an ISO-8601 timestamp, e.g. 2025-10-11T04:00:00Z") from None
-    if not isinstance(value, datetime):
-        raise ValueError(f"{name} must be a UTC timestamp (datetime or ISO-8601 string), got {value!r}")
-    if value.tzinfo is None:
-        raise ValueError(f"{name} {value.isoformat()} has no time zone; give it in UTC, e.g. ...+00:00")
-    return value.astimezone(timezone.utc)
-
-
-def _shipped_or_path(name: str) -> Path:
-    path = SHIPPED_TRACES.get(name, Path(name).expanduser())
-    if not path.is_file():
-        raise ValueError(f'trace {name!r} is neither "gcp", "aws" nor an existing trace file')
-    return path
-
-
-@functools.lru_cache(maxsize=8)
-def _load(path: Path) -> Trace:
-    return load_trace(path)

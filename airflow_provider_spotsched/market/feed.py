@@ -1,11 +1,11 @@
-"""What an operator reads of the spot market: the history at submission, then one row per slot.
+"""What a run reads of the spot market: the history at submission, then one row per slot.
 
 An :class:`~airflow_provider_spotsched.scheduling.online.OnlineRun` starts from a slot market that
 ends with slot 0's state and then observes one row at every slot boundary. A feed answers both
 questions for one kind of market: a live one (a :class:`MarketSource` such as the AWS or GCP
 sources, read at wall-clock ``now``) or a trace replayed on an accelerated clock (the local
-backend's, :class:`~airflow_provider_spotsched.hooks.local.ReplayedMarket`), where slot ``k`` is
-a row of the trace whatever the wall clock says.
+backend's, :class:`ReplayedMarket`), where slot ``k`` is a row of the trace whatever the wall
+clock says.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from airflow_provider_spotsched.market.slots import SlotMarket, resample
 from airflow_provider_spotsched.market.source import MarketSource
-from airflow_provider_spotsched.market.trace import TraceError
+from airflow_provider_spotsched.market.trace import Trace, TraceError, format_timestamp
 
 
 class MarketFeed(ABC):
@@ -68,3 +68,35 @@ class LiveMarketFeed(MarketFeed):
         slots = int(math.floor((trace.last_time - trace.first_time) / step + 1e-9)) + 1
         start = datetime.fromtimestamp(trace.last_time - (slots - 1) * step, timezone.utc)
         return resample(trace, start, self.slot_hours, slots)
+
+
+class ReplayedMarket(MarketFeed):
+    """A trace in slots: ``history_slots`` before submission, then the slots the run replays."""
+
+    def __init__(self, trace: Trace, slot_hours: float, history_slots: int, start: datetime | None = None) -> None:
+        first = datetime.fromtimestamp(trace.first_time, timezone.utc)
+        start = start or first + timedelta(hours=history_slots * slot_hours)
+        origin = start - timedelta(hours=history_slots * slot_hours)
+        if origin < first:
+            raise ValueError(
+                f"market_start {format_timestamp(start)} leaves fewer than history_slots={history_slots} slots of "
+                f"{trace.source} before it; choose a market_start at or after "
+                f"{format_timestamp(first + timedelta(hours=history_slots * slot_hours))}"
+            )
+        self.history_slots = history_slots
+        self.market: SlotMarket = resample(trace, origin, slot_hours)
+        if self.market.num_slots <= history_slots:
+            raise ValueError(f"market_start {format_timestamp(start)} lies at the end of {trace.source}; choose an earlier one")
+
+    def history(self, now: datetime) -> SlotMarket:
+        return self.market.prefix(self.history_slots + 1)
+
+    def row(self, slot: int, pools: Sequence[str], now: datetime) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``slot`` of the replay; past the trace's end the last row holds (as the backend's clock)."""
+        index = [self.market.pools.index(p) for p in pools]
+        row = min(self.history_slots + slot, self.market.num_slots - 1)
+        return self.market.spot_price[row, index], self.market.available[row, index]
+
+    def replay(self) -> SlotMarket:
+        """The slots from submission on: what the local backend's spot pools obey."""
+        return self.market.window(self.history_slots)

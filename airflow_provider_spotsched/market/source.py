@@ -25,7 +25,8 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from airflow_provider_spotsched.market.availability import AvailabilitySignal, available_at
-from airflow_provider_spotsched.market.trace import PoolSeries, Trace, TraceError, format_timestamp, load_trace
+from airflow_provider_spotsched.market.shipped import cached_trace
+from airflow_provider_spotsched.market.trace import PoolSeries, Trace, TraceError, format_timestamp
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,13 @@ class MarketSource(ABC):
 
 
 class TraceFileSource(MarketSource):
-    """Replays a trace file (a shipped one or any file in the CSV format) as a live source."""
+    """Replays a trace file (a shipped one or any file in the CSV format) as a live source.
+
+    The file is parsed once per process: many triggers of one triggerer replay the same trace.
+    """
 
     def __init__(self, path: str | Path) -> None:
-        self.trace = load_trace(path)
+        self.trace = cached_trace(path)
 
     def observe(self, start: datetime, end: datetime) -> Trace:
         return clip(self.trace, start, end)

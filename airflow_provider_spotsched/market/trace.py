@@ -154,3 +154,17 @@ def _series(name: str, ticks: Iterable[tuple[float, float, int, float]], source:
         available=np.array([t[2] for t in data], dtype=np.int64),
         on_demand_price=np.array([t[3] for t in data], dtype=float),
     )
+
+
+def parse_instant(value: datetime | str, name: str) -> datetime:
+    """A timezone-aware UTC instant from a datetime or an ISO-8601 string (a rendered template)."""
+    if isinstance(value, str):
+        try:
+            value = parse_timestamp(value)
+        except ValueError:
+            raise ValueError(f"{name} {value!r} is not an ISO-8601 timestamp, e.g. 2025-10-11T04:00:00Z") from None
+    if not isinstance(value, datetime):
+        raise ValueError(f"{name} must be a UTC timestamp (datetime or ISO-8601 string), got {value!r}")
+    if value.tzinfo is None:
+        raise ValueError(f"{name} {value.isoformat()} has no time zone; give it in UTC, e.g. ...+00:00")
+    return value.astimezone(timezone.utc)

@@ -17,7 +17,9 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
 from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, forecast_document
-from airflow_provider_spotsched.hooks.market_spec import DEFAULT_HISTORY_HOURS, MarketSpec, parse_instant, slot_market_at
+from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, slot_market_at
+from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.market.trace import parse_instant
 
 
 class SpotMarketForecastOperator(BaseOperator):

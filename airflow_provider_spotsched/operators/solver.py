@@ -23,7 +23,8 @@ import numpy as np
 from airflow.sdk import BaseOperator
 
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
-from airflow_provider_spotsched.hooks.market_spec import DEFAULT_HISTORY_HOURS, MarketSpec, slot_market_at
+from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, slot_market_at
+from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.operators.fine_tune import job_id_for

@@ -19,7 +19,8 @@ from typing import Any, Mapping, Sequence
 
 from airflow.sdk import BaseSensorOperator
 
-from airflow_provider_spotsched.hooks.market_spec import MarketSpec, parse_instant
+from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.market.trace import parse_instant
 from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
 

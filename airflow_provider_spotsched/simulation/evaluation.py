@@ -25,13 +25,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from airflow_provider_spotsched import AWS_TRACE, GCP_TRACE
-from airflow_provider_spotsched.market.trace import Trace, load_trace
+from airflow_provider_spotsched.market.shipped import cached_trace
+from airflow_provider_spotsched.market.trace import Trace
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Policy
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import job_context
-from airflow_provider_spotsched.simulation.simulator import JobMarket, SimulationResult, job_market, simulate
+from airflow_provider_spotsched.scheduling.replay import JobMarket, SimulationResult, job_market, simulate
 
 ORACLE_ERRORS = (0.0, 0.1, 0.25, 0.5)
 SELECTOR = "selector"
@@ -283,19 +284,6 @@ def make_row(scenario: Scenario, spec: PolicySpec, result: SimulationResult) -> 
         decision_ms_mean=float(ms.mean()),
         decision_ms_p50=float(np.median(ms)),
     )
-
-
-_TRACES: dict[str, Trace] = {}
-
-
-def cached_trace(path: str) -> Trace:
-    """A trace loaded once per process (worker processes forked after loading inherit it).
-
-    Its ``source`` is ``path``, so a scenario's ``trace`` finds it again in any process.
-    """
-    if path not in _TRACES:
-        _TRACES[path] = load_trace(path)
-    return _TRACES[path]
 
 
 @dataclass(frozen=True)

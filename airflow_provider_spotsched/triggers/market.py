@@ -28,8 +28,9 @@ import numpy as np
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
-from airflow_provider_spotsched.hooks.market_feed import LiveMarketFeed
-from airflow_provider_spotsched.hooks.market_spec import MarketSpec, parse_instant
+from airflow_provider_spotsched.market.feed import LiveMarketFeed
+from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.market.trace import parse_instant
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.scheduling.model import Job

@@ -1,0 +1,73 @@
+"""The local backend's settings: where its workers run and which shipped market they replay.
+
+They come from a ``spotsched_local`` connection's extras or from keyword overrides (a DAG's
+``backend_options``); see :mod:`airflow_provider_spotsched.hooks.local` for the fields.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+from airflow_provider_spotsched import GCP_TRACE
+from airflow_provider_spotsched.market.shipped import trace_path
+from airflow_provider_spotsched.market.trace import parse_timestamp
+
+DEFAULT_SECONDS_PER_SLOT = 5.0
+DEFAULT_HISTORY_SLOTS = 48
+
+
+def default_workdir() -> Path:
+    """``$AIRFLOW_HOME/spotsched`` (Airflow's own default home when the variable is unset)."""
+    return Path(os.environ.get("AIRFLOW_HOME") or "~/airflow").expanduser() / "spotsched"
+
+
+@dataclass(frozen=True)
+class LocalReplaySettings:
+    """Where the local backend works and which market it replays (see the module docstring)."""
+
+    workdir: Path
+    trace: Path = GCP_TRACE
+    seconds_per_slot: float = DEFAULT_SECONDS_PER_SLOT
+    market_start: datetime | None = None
+    history_slots: int = DEFAULT_HISTORY_SLOTS
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any], where: str) -> "LocalReplaySettings":
+        """Settings from connection extras or keyword overrides, naming ``where`` in every error."""
+        unknown = sorted(set(extra) - {"workdir", "trace", "seconds_per_slot", "market_start", "history_slots"})
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown field(s) {unknown}; use workdir, trace, seconds_per_slot, market_start, history_slots"
+            )
+        settings = cls(workdir=default_workdir())
+        if extra.get("workdir"):
+            settings = replace(settings, workdir=Path(str(extra["workdir"])).expanduser())
+        if extra.get("trace"):
+            try:
+                path = trace_path(str(extra["trace"]))
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+            settings = replace(settings, trace=path)
+        if extra.get("seconds_per_slot") is not None:
+            value = extra["seconds_per_slot"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{where}: seconds_per_slot must be a number of seconds > 0, got {value!r}")
+            settings = replace(settings, seconds_per_slot=float(value))
+        if extra.get("market_start"):
+            value = extra["market_start"]
+            try:
+                start = value if isinstance(value, datetime) else parse_timestamp(str(value))
+            except ValueError as error:
+                raise ValueError(f"{where}: market_start {value!r}: {error}") from None
+            settings = replace(settings, market_start=start.astimezone(timezone.utc))
+        if extra.get("history_slots") is not None:
+            value = extra["history_slots"]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}: history_slots must be an integer >= 1, got {value!r}")
+            settings = replace(settings, history_slots=value)
+        return settings
