@@ -14,8 +14,9 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
+from airflow_provider_spotsched.market.launch import LaunchOutcome, LaunchRecorder
 from airflow_provider_spotsched.scheduling.model import Allocation
 
 log = logging.getLogger(__name__)
@@ -58,25 +59,6 @@ class InsufficientCapacityError(BackendError):
             0,
             "; ".join(f"{pool}: {reason}" for pool, _, reason in shortfalls),
         )
-
-
-@dataclass(frozen=True)
-class LaunchOutcome:
-    """One launch request and what came of it: the availability signal a market source reads.
-
-    ``launched < requested`` with ``reason`` (for example ``InsufficientInstanceCapacity``) says
-    the pool had less capacity than asked at ``time`` (UTC).
-    """
-
-    time: datetime
-    pool: str
-    requested: int
-    launched: int
-    reason: str = ""
-
-
-LaunchRecorder = Callable[[LaunchOutcome], None]
-"""Called by a backend after every launch request (to keep outcomes for availability forecasts)."""
 
 
 def record_launch(recorder: LaunchRecorder | None, pool: str, requested: int, launched: int, reason: str) -> None:

@@ -41,12 +41,12 @@ from airflow_provider_spotsched.backends.base import (
     InstanceStatus,
     InsufficientCapacityError,
     JobStatus,
-    LaunchRecorder,
     TrainingJob,
     check_target,
     record_launch,
 )
 from airflow_provider_spotsched.backends.bootstrap import RENDEZVOUS_KEYS, startup_script
+from airflow_provider_spotsched.market.launch import LaunchRecorder
 from airflow_provider_spotsched.scheduling.model import Allocation
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,6 @@ from airflow_provider_spotsched.backends.base import (
     InstanceStatus,
     InsufficientCapacityError,
     JobStatus,
-    LaunchOutcome,
-    LaunchRecorder,
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.local_jobdir import JobDir, JobState, read_json, write_json
@@ -46,6 +44,7 @@ from airflow_provider_spotsched.backends.local_processes import (
     wait_gone,
 )
 from airflow_provider_spotsched.backends.market_clock import AWS_NOTICE_SECONDS, MarketClock
+from airflow_provider_spotsched.market.launch import LaunchOutcome, LaunchRecorder
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import Allocation
 
