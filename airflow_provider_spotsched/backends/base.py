@@ -102,6 +102,26 @@ class TrainingJob:
         if not self.command:
             raise ValueError("command is empty: give the training entry point and its arguments")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The job as JSON: what a trigger, a task's saved state and a local job directory keep."""
+        return {
+            "job_id": self.job_id,
+            "command": list(self.command),
+            "checkpoint_uri": self.checkpoint_uri,
+            "pools": list(self.pools),
+            "env": dict(self.env),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrainingJob":
+        return cls(
+            job_id=data["job_id"],
+            command=tuple(data["command"]),
+            checkpoint_uri=data["checkpoint_uri"],
+            pools=tuple(data["pools"]),
+            env=dict(data.get("env") or {}),
+        )
+
 
 @dataclass(frozen=True)
 class InstanceStatus:

@@ -175,13 +175,7 @@ class LocalBackend(ComputeBackend):
 
     def _open(self, jobdir: JobDir, job: TrainingJob) -> JobState:
         """The job's state; on the first call, its directory, spec and market clock."""
-        spec = {
-            "job_id": job.job_id,
-            "command": list(job.command),
-            "checkpoint_uri": job.checkpoint_uri,
-            "pools": list(job.pools),
-            "env": dict(job.env),
-        }
+        spec = job.to_dict()
         if jobdir.exists:
             stored = read_json(jobdir.job_file)
             if stored != spec:

@@ -36,7 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_spotsched.backends.base import ON_DEMAND, InstanceState
+from airflow_provider_spotsched.backends.base import ON_DEMAND, InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local_jobdir import JobDir, JobState, WorkerRecord, read_json, tail
 from airflow_provider_spotsched.backends.local_processes import (
     JOB_ID_MARKER,
@@ -65,7 +65,7 @@ class Supervisor:
         self.jobdir = jobdir
         self.poll_s = poll_s
         self.stop_timeout_s = stop_timeout_s
-        self.job: dict[str, Any] = read_json(jobdir.job_file)
+        self.job = TrainingJob.from_dict(read_json(jobdir.job_file))
         self.clock = MarketClock.from_dict(read_json(jobdir.clock_file))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -224,7 +224,7 @@ class Supervisor:
         notice = self.jobdir.notice_file(record, generation)
         notice.unlink(missing_ok=True)
         env = dict(os.environ)
-        env.update(self.job.get("env", {}))
+        env.update(self.job.env)
         env.update(
             {
                 "RANK": str(rank),
@@ -232,7 +232,7 @@ class Supervisor:
                 "WORLD_SIZE": str(world),
                 "SPOTSCHED_NOTICE": f"file://{notice}",
                 "SPOTSCHED_INSTANCE_ID": record.instance_id,
-                JOB_ID_MARKER: self.job["job_id"],
+                JOB_ID_MARKER: self.job.job_id,
                 JOBDIR_MARKER: str(self.jobdir.path),
             }
         )
@@ -248,7 +248,7 @@ class Supervisor:
         try:
             with open(f"{stem}.out", "ab") as out, open(f"{stem}.err", "ab") as err:
                 process = subprocess.Popen(
-                    self.job["command"],
+                    self.job.command,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -258,7 +258,7 @@ class Supervisor:
         except OSError as exc:
             state.outcome = "failed"
             record.state = InstanceState.FAILED.value
-            record.detail = f"could not start {self.job['command'][0]!r}: {exc}"
+            record.detail = f"could not start {self.job.command[0]!r}: {exc}"
             return
         self.processes[record.instance_id] = process
         record.pid, record.started = process.pid, create_time(process.pid)
