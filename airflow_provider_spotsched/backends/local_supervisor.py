@@ -47,9 +47,8 @@ from airflow_provider_spotsched.backends.local_processes import (
     signal_group,
 )
 from airflow_provider_spotsched.backends.market_clock import MarketClock
+from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED
 
-EXIT_DONE = 0
-EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped after an emergency checkpoint
 BOUNDARY_MARGIN_S = 0.002  # wake this far past a slot boundary, so that the clock reads the new slot
 STOP_STATES = {"preempted": InstanceState.PREEMPTED, "released": InstanceState.RELEASED}
 
@@ -137,7 +136,7 @@ class Supervisor:
         if record.generation == state.running_generation == state.generation:
             state.generation += 1  # its peers lost a rank: they restart without it (or stop)
         asked = record.signalled_at is not None or record.stop_reason is not None
-        if code in (EXIT_RESUMABLE, -signal.SIGTERM, None) or (asked and record.killed):
+        if code in (EXIT_PREEMPTED, -signal.SIGTERM, None) or (asked and record.killed):
             if record.stop_reason is None:
                 record.state = InstanceState.PENDING.value  # restarts with the next worker set
             if record.killed:
