@@ -71,10 +71,10 @@ def record_launch(recorder: LaunchRecorder | None, pool: str, requested: int, la
 
 def check_target(job: "TrainingJob", target: Allocation) -> None:
     """Refuse a target that does not fit the job's pools or holds a negative count."""
-    if len(target.spot) != len(job.pools):
-        raise ValueError(f"target has {len(target.spot)} spot counts, job has {len(job.pools)} pools {job.pools}")
-    if target.on_demand < 0 or any(n < 0 for n in target.spot):
-        raise ValueError(f"target has a negative count: {target}")
+    if len(target.spot) != len(job.pools) or target.on_demand < 0 or any(n < 0 for n in target.spot):
+        raise ValueError(
+            f"target {target} must hold one count >= 0 per pool of job.pools {list(job.pools)} and on_demand >= 0"
+        )
 
 
 @dataclass(frozen=True)

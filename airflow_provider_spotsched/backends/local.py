@@ -31,6 +31,7 @@ from airflow_provider_spotsched.backends.base import (
     InsufficientCapacityError,
     JobStatus,
     TrainingJob,
+    check_target,
 )
 from airflow_provider_spotsched.backends.local_jobdir import JobDir, JobState, read_json, write_json
 from airflow_provider_spotsched.backends.local_processes import (
@@ -94,10 +95,7 @@ class LocalBackend(ComputeBackend):
     # -- the interface -----------------------------------------------------------------------
 
     def reconcile(self, job: TrainingJob, target: Allocation) -> JobStatus:
-        if len(target.spot) != len(job.pools) or target.on_demand < 0 or any(s < 0 for s in target.spot):
-            raise ValueError(
-                f"target {target} must hold one count >= 0 per pool of job.pools {list(job.pools)} and on_demand >= 0"
-            )
+        check_target(job, target)
         jobdir = self.jobdir(job)
         with jobdir.lock():
             state = self._open(jobdir, job)
