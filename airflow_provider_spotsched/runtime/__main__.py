@@ -22,7 +22,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="spotsched-train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="path to CONFIG.json (see docs/runtime.md)")
     parser.add_argument("--checkpoint-uri", required=True,
-                        help=f"where checkpoints, {PROGRESS_FILE} and the final adapter go: a directory, s3://, gs://")
+                        help=f"where checkpoints, {PROGRESS_FILE} and the final adapter go: "
+                             "a directory, s3:// or gs://")
     return parser.parse_args(argv)
 
 
