@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED
+
 REPOSITORY = Path(__file__).resolve().parent.parent
 SMOOTHING_STEPS = 20  # window of the moving average the smoothed curve difference is taken over
 
@@ -111,7 +113,7 @@ def run_job(config: dict[str, Any], workdir: Path, cache: Path, stops: list[tupl
                 time.sleep(0.05)
             segment.stop(mode)
         codes = segment.wait()
-        expected = 0 if index == len(stops) else (-9 if stops[index][1] == "kill" else 75)
+        expected = EXIT_DONE if index == len(stops) else (-9 if stops[index][1] == "kill" else EXIT_PREEMPTED)
         if any(code != expected for code in codes):
             raise SystemExit(f"segment {index}: exit codes {codes}, expected {expected}; see stderr above")
     losses: dict[int, float] = {}

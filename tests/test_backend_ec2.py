@@ -21,10 +21,10 @@ from airflow_provider_spotsched.backends.base import (
     BackendError,
     InstanceState,
     InsufficientCapacityError,
-    LaunchOutcome,
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.ec2 import Ec2Backend, Ec2Placement
+from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.scheduling.model import Allocation
 from tests.moto_server import FAKE_CREDENTIALS, moto_endpoint  # noqa: F401 (a fixture)
 

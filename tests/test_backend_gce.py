@@ -26,10 +26,10 @@ from airflow_provider_spotsched.backends.base import (
     BackendError,
     InstanceState,
     InsufficientCapacityError,
-    LaunchOutcome,
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.gce import GceBackend, job_label, name_prefix
+from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.scheduling.model import Allocation
 
 DATA = Path(__file__).parent / "data" / "gce"

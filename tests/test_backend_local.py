@@ -26,12 +26,12 @@ from airflow_provider_spotsched.backends.base import (
     InstanceState,
     InsufficientCapacityError,
     JobStatus,
-    LaunchOutcome,
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.backends.market_clock import AWS_NOTICE_SECONDS, MarketClock
+from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import Allocation
 from tests.markets import make_market

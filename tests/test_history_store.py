@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from airflow_provider_spotsched.backends.base import LaunchOutcome
 from airflow_provider_spotsched.market.history import HistoryError, MarketHistoryStore
+from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.source import Tick, trace_from_ticks, trace_ticks
 from airflow_provider_spotsched.market.trace import PoolSeries, Trace, TraceError
 

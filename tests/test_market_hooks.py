@@ -12,10 +12,10 @@ import responses
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from airflow_provider_spotsched.backends.base import LaunchOutcome
 from airflow_provider_spotsched.hooks.market_data import AwsSpotMarketHook, GcpSpotMarketHook, aws_zone_region
 from airflow_provider_spotsched.market.aws import AwsSpotMarketSource
 from airflow_provider_spotsched.market.gcp import CATALOG_URL, GcpSpotMarketSource
+from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.source import CombinedMarketSource
 from tests.moto_server import FAKE_CREDENTIALS, aws_env, moto_endpoint  # noqa: F401  (pytest fixtures)
 from tests.test_market_sources import billing_page

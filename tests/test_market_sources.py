@@ -17,7 +17,6 @@ from botocore.stub import Stubber
 from responses import matchers
 
 from airflow_provider_spotsched import GCP_TRACE
-from airflow_provider_spotsched.backends.base import LaunchOutcome
 from airflow_provider_spotsched.market.availability import (
     AvailabilitySignal,
     SignalKind,
@@ -28,6 +27,7 @@ from airflow_provider_spotsched.market.availability import (
 from airflow_provider_spotsched.market.aws import AwsSpotMarketSource
 from airflow_provider_spotsched.market.gcp import CATALOG_URL, CatalogError, GcpSpotMarketSource, MachineShape
 from airflow_provider_spotsched.market.history import MarketHistoryStore
+from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.source import CombinedMarketSource, TraceFileSource
 from airflow_provider_spotsched.market.trace import TraceError

@@ -21,7 +21,7 @@ import pytest
 
 from airflow.sdk.exceptions import TaskDeferred
 
-from airflow_provider_spotsched.backends.base import InstanceState
+from airflow_provider_spotsched.backends.base import InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.hooks.backend_factory import ConnectionMissingError
 from airflow_provider_spotsched.hooks.local import LocalSpotHook
@@ -33,7 +33,7 @@ from airflow_provider_spotsched.operators.fine_tune import (
 )
 from airflow_provider_spotsched.scheduling.model import JobError
 from airflow_provider_spotsched.scheduling.online import BudgetError
-from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger, job_from_dict
+from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 from tests.task_context import TaskContext, TaskStateStore, first_payload, rebuilt
 
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
@@ -106,7 +106,7 @@ def test_a_retry_re_attaches_to_the_running_job_without_launching_again(tmp_path
     store = TaskStateStore()
     first_try = TaskContext(store)
     start(operator(tmp_path), first_try)  # then the worker running this try dies: nothing is released
-    job = job_from_dict(store.get(STATE_KEY)["job"])
+    job = TrainingJob.from_dict(store.get(STATE_KEY)["job"])
     running = backend(tmp_path).status(job)
     assert running.active(tuple(POOLS)).total >= 1
 
@@ -142,7 +142,7 @@ def test_kill_releases_every_instance_and_keeps_the_checkpoint(tmp_path):
     context = TaskContext(TaskStateStore())
     op = operator(tmp_path, worker={"samples": 10_000})
     start(op, context)
-    job = job_from_dict(context["task_state_store"].get(STATE_KEY)["job"])
+    job = TrainingJob.from_dict(context["task_state_store"].get(STATE_KEY)["job"])
     progress = tmp_path / "checkpoint" / "progress.json"
     wait_for(progress.exists)
     assert not nothing_left(tmp_path, job.job_id)
@@ -155,7 +155,7 @@ def test_kill_releases_every_instance_and_keeps_the_checkpoint(tmp_path):
 def test_killing_the_deferred_task_releases_through_the_trigger(tmp_path):
     context = TaskContext(TaskStateStore())
     deferred = start(operator(tmp_path, worker={"samples": 10_000}), context)
-    job = job_from_dict(deferred.trigger.job)
+    job = TrainingJob.from_dict(deferred.trigger.job)
     asyncio.run(deferred.trigger.on_kill())
     assert nothing_left(tmp_path, job.job_id)
     assert all(not i.state in (InstanceState.RUNNING, InstanceState.PENDING) for i in backend(tmp_path).status(job).instances)
@@ -165,7 +165,7 @@ def test_a_failing_training_command_fails_the_task_with_its_detail_and_releases(
     context = TaskContext(TaskStateStore())
     op = operator(tmp_path, worker={"samples": 10_000, "fail_rank": 0, "fail_after_steps": 3})
     deferred = start(op, context)
-    job = job_from_dict(deferred.trigger.job)
+    job = TrainingJob.from_dict(deferred.trigger.job)
     with pytest.raises(TrainingFailedError, match="simulated crash at step 3"):
         drive(op, context, deferred)
     assert nothing_left(tmp_path, job.job_id)

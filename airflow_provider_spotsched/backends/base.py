@@ -14,8 +14,9 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
+from airflow_provider_spotsched.market.launch import LaunchOutcome, LaunchRecorder
 from airflow_provider_spotsched.scheduling.model import Allocation
 
 log = logging.getLogger(__name__)
@@ -60,25 +61,6 @@ class InsufficientCapacityError(BackendError):
         )
 
 
-@dataclass(frozen=True)
-class LaunchOutcome:
-    """One launch request and what came of it: the availability signal a market source reads.
-
-    ``launched < requested`` with ``reason`` (for example ``InsufficientInstanceCapacity``) says
-    the pool had less capacity than asked at ``time`` (UTC).
-    """
-
-    time: datetime
-    pool: str
-    requested: int
-    launched: int
-    reason: str = ""
-
-
-LaunchRecorder = Callable[[LaunchOutcome], None]
-"""Called by a backend after every launch request (to keep outcomes for availability forecasts)."""
-
-
 def record_launch(recorder: LaunchRecorder | None, pool: str, requested: int, launched: int, reason: str) -> None:
     """Log a launch that came up short and hand every outcome to ``recorder``."""
     if launched < requested:
@@ -89,10 +71,10 @@ def record_launch(recorder: LaunchRecorder | None, pool: str, requested: int, la
 
 def check_target(job: "TrainingJob", target: Allocation) -> None:
     """Refuse a target that does not fit the job's pools or holds a negative count."""
-    if len(target.spot) != len(job.pools):
-        raise ValueError(f"target has {len(target.spot)} spot counts, job has {len(job.pools)} pools {job.pools}")
-    if target.on_demand < 0 or any(n < 0 for n in target.spot):
-        raise ValueError(f"target has a negative count: {target}")
+    if len(target.spot) != len(job.pools) or target.on_demand < 0 or any(n < 0 for n in target.spot):
+        raise ValueError(
+            f"target {target} must hold one count >= 0 per pool of job.pools {list(job.pools)} and on_demand >= 0"
+        )
 
 
 @dataclass(frozen=True)
@@ -119,6 +101,26 @@ class TrainingJob:
             )
         if not self.command:
             raise ValueError("command is empty: give the training entry point and its arguments")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as JSON: what a trigger, a task's saved state and a local job directory keep."""
+        return {
+            "job_id": self.job_id,
+            "command": list(self.command),
+            "checkpoint_uri": self.checkpoint_uri,
+            "pools": list(self.pools),
+            "env": dict(self.env),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrainingJob":
+        return cls(
+            job_id=data["job_id"],
+            command=tuple(data["command"]),
+            checkpoint_uri=data["checkpoint_uri"],
+            pools=tuple(data["pools"]),
+            env=dict(data.get("env") or {}),
+        )
 
 
 @dataclass(frozen=True)

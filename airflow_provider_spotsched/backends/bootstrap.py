@@ -30,14 +30,12 @@ import shlex
 from typing import Literal, Mapping
 
 from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
+from airflow_provider_spotsched.runtime.contract import EXIT_PREEMPTED
 
 Provider = Literal["aws", "gcp"]
 
 RENDEZVOUS_KEYS = ("generation", "rank", "world-size", "master-addr", "master-port")
 """The rendezvous fields, published per instance by the backend and read by the script."""
-
-EXIT_PREEMPTED = 75
-"""The runtime's exit code after an emergency checkpoint (EX_TEMPFAIL): resumable, not a failure."""
 
 MAX_SCRIPT_BYTES = 16 * 1024
 """EC2 refuses user data above 16 KiB; Compute Engine allows more, one limit keeps both safe."""

@@ -39,17 +39,13 @@ from botocore.exceptions import ClientError
 from airflow_provider_spotsched.backends.base import (
     ON_DEMAND,
     BackendError,
-    ComputeBackend,
     InstanceState,
     InstanceStatus,
-    InsufficientCapacityError,
     JobStatus,
-    LaunchRecorder,
     TrainingJob,
-    check_target,
-    record_launch,
 )
-from airflow_provider_spotsched.backends.bootstrap import startup_script
+from airflow_provider_spotsched.backends.cloud import CloudBackend
+from airflow_provider_spotsched.market.launch import LaunchRecorder
 from airflow_provider_spotsched.scheduling.model import Allocation
 
 log = logging.getLogger(__name__)
@@ -134,7 +130,7 @@ class _Instance:
         return int(self.tags.get(TAG_GENERATION, "0") or 0)
 
 
-class Ec2Backend(ComputeBackend):
+class Ec2Backend(CloudBackend[_Instance, _Instance]):
     """Runs a job on EC2 through a boto3 EC2 client (from the Amazon provider's ``EC2Hook``).
 
     ``pools`` maps every spot pool name of the job to its placement (a subnet id or an AZ);
@@ -145,6 +141,7 @@ class Ec2Backend(ComputeBackend):
     """
 
     name = "ec2"
+    provider = "aws"
 
     def __init__(
         self,
@@ -168,6 +165,7 @@ class Ec2Backend(ComputeBackend):
             raise ValueError("pools is empty: map every spot pool name to a subnet id or an Availability Zone")
         if not 1 <= master_port <= 65535:
             raise ValueError(f"master_port must be a TCP port in [1, 65535], got {master_port}")
+        super().__init__(poll_seconds=poll_seconds, recorder=recorder)
         self.client = client
         self.instance_type, self.image_id = instance_type, image_id
         self.pools = {name: Ec2Placement.parse(value) for name, value in pools.items()}
@@ -176,44 +174,16 @@ class Ec2Backend(ComputeBackend):
         self.security_group_ids = tuple(security_group_ids)
         self.iam_instance_profile = iam_instance_profile
         self.master_port = master_port
-        self.poll_seconds = poll_seconds
-        self.recorder = recorder
 
     # -- ComputeBackend -------------------------------------------------------------------------
 
-    def status(self, job: TrainingJob) -> JobStatus:
-        return self._status(job, self._describe(job))
-
-    def reconcile(self, job: TrainingJob, target: Allocation) -> JobStatus:
-        self._check(job, target)
-        instances = self._describe(job)
-        before = self._status(job, instances)
-        if before.finished:
-            return before  # the work is done: nothing to launch
-        self._finish_releases(instances)
-        live = [i for i in instances if _state(i) in (InstanceState.PENDING, InstanceState.RUNNING)]
-        wanted = dict(zip(job.pools, target.spot)) | {ON_DEMAND: target.on_demand}
-        for pool in set(wanted) | {i.pool for i in live}:  # a pool the job no longer names goes to 0
-            count = wanted.get(pool, 0)
-            mine = sorted((i for i in live if i.pool == pool), key=lambda i: (i.launch_time, i.instance_id))
-            if len(mine) > count:
-                self._terminate(mine[count:])  # the newest go first
-        survivors = [i for i in live if i.tags.get(TAG_RELEASED) != "true"]
-        launched, shortfalls = self._launch(job, wanted, survivors, instances)
-        survivors += launched
-        if shortfalls and not survivors:
-            raise InsufficientCapacityError.from_shortfalls(shortfalls)
-        self._rendezvous(survivors, instances + launched)
-        return self._status(job, instances + launched)
-
     def release(self, job: TrainingJob) -> None:
-        instances = [i for i in self._describe(job) if i.state not in _GONE]
+        instances = [i for i in self._list(job) if i.state not in _GONE]
         self._terminate(instances)
 
-    # -- internals ------------------------------------------------------------------------------
+    # -- CloudBackend primitives ----------------------------------------------------------------
 
     def _check(self, job: TrainingJob, target: Allocation) -> None:
-        check_target(job, target)
         if ON_DEMAND in job.pools:
             raise ValueError(f"{ON_DEMAND!r} names the on-demand capacity; rename that spot pool in job.pools")
         missing = [p for p, n in zip(job.pools, target.spot) if n and p not in self.pools]
@@ -223,7 +193,7 @@ class Ec2Backend(ComputeBackend):
                 f"(known: {sorted(self.pools)})"
             )
 
-    def _describe(self, job: TrainingJob) -> list[_Instance]:
+    def _list(self, job: TrainingJob) -> list[_Instance]:
         paginator = self.client.get_paginator("describe_instances")
         pages = paginator.paginate(Filters=[{"Name": f"tag:{TAG_JOB}", "Values": [job.job_id]}])
         return [
@@ -234,11 +204,23 @@ class Ec2Backend(ComputeBackend):
         ]
 
     def _status(self, job: TrainingJob, instances: list[_Instance]) -> JobStatus:
-        ordered = sorted(instances, key=lambda i: (i.launch_time, i.instance_id))
+        ordered = sorted(instances, key=self._oldest_first)
         return JobStatus(
             job.job_id,
             tuple(InstanceStatus(i.instance_id, i.pool, _state(i), _detail(i)) for i in ordered),
         )
+
+    def _live(self, instance: _Instance) -> bool:
+        return _state(instance) in (InstanceState.PENDING, InstanceState.RUNNING)
+
+    def _pool_keys(self, job: TrainingJob) -> tuple[str, ...]:
+        return (*job.pools, ON_DEMAND)
+
+    def _pool_key(self, instance: _Instance) -> str:
+        return instance.pool
+
+    def _oldest_first(self, instance: _Instance) -> tuple[datetime, str]:
+        return instance.launch_time, instance.instance_id
 
     def _finish_releases(self, instances: list[_Instance]) -> None:
         """Terminate what an earlier call tagged released but did not terminate (it crashed)."""
@@ -259,43 +241,35 @@ class Ec2Backend(ComputeBackend):
         if ids:
             log.info("terminated %d instance(s): %s", len(ids), ", ".join(ids))
 
+    def _next_generation(self, job: TrainingJob, known: list[_Instance]) -> int:
+        return 1 + max((i.generation for i in known), default=0)
+
     def _launch(
-        self, job: TrainingJob, wanted: Mapping[str, int], survivors: list[_Instance], known: list[_Instance]
-    ) -> tuple[list[_Instance], list[tuple[str, int, str]]]:
-        """Launch every pool's deficit; return the new instances and (pool, missing, reason) shortfalls."""
-        deficits = {p: n - sum(1 for i in survivors if i.pool == p) for p, n in wanted.items()}
-        deficits = {p: d for p, d in deficits.items() if d > 0}
-        if not deficits:
-            return [], []
-        generation = 1 + max((i.generation for i in known), default=0)
-        user_data = startup_script(job, "aws", poll_seconds=self.poll_seconds)
-        launched: list[_Instance] = []
-        shortfalls: list[tuple[str, int, str]] = []
-        for pool, count in deficits.items():
-            new: list[_Instance] = []
-            reason = ""
-            for index in range(count):  # one instance per call: a short pool still gives what it has
-                params = self._launch_params(job, pool, index, generation, user_data)
-                try:
-                    response = self.client.run_instances(**params)
-                except ClientError as exc:
-                    error = exc.response.get("Error", {})
-                    if error.get("Code") not in CAPACITY_ERRORS:
-                        raise BackendError(
-                            f"run_instances for pool {pool!r} failed: {error.get('Code')}: {error.get('Message', exc)}"
-                        ) from exc
-                    reason = error["Code"]
-                    break  # the pool is out of capacity: asking again now only repeats the error
-                launch_tags = {t["Key"]: t["Value"] for t in params["TagSpecifications"][0]["Tags"]}
-                for data in response.get("Instances", []):
-                    instance = _Instance.from_api(data)
-                    instance.tags = launch_tags | instance.tags  # in case the response omits them
-                    new.append(instance)
-            launched += new
-            self._record(pool, count, len(new), reason)
-            if reason:
-                shortfalls.append((pool, count - len(new), reason))
-        return launched, shortfalls
+        self, job: TrainingJob, pool: str, count: int, generation: int, user_data: str
+    ) -> tuple[list[_Instance], str]:
+        new: list[_Instance] = []
+        for index in range(count):  # one instance per call: a short pool still gives what it has
+            params = self._launch_params(job, pool, index, generation, user_data)
+            try:
+                response = self.client.run_instances(**params)
+            except ClientError as exc:
+                error = exc.response.get("Error", {})
+                if error.get("Code") not in CAPACITY_ERRORS:
+                    raise BackendError(
+                        f"run_instances for pool {pool!r} failed: {error.get('Code')}: {error.get('Message', exc)}"
+                    ) from exc
+                return new, error["Code"]  # the pool is out of capacity: asking again now only repeats the error
+            launch_tags = {t["Key"]: t["Value"] for t in params["TagSpecifications"][0]["Tags"]}
+            for data in response.get("Instances", []):
+                instance = _Instance.from_api(data)
+                instance.tags = launch_tags | instance.tags  # in case the response omits them
+                new.append(instance)
+        return new, ""
+
+    def _with_launched(
+        self, job: TrainingJob, instances: list[_Instance], launched: list[_Instance]
+    ) -> list[_Instance]:
+        return instances + launched  # run_instances answers with the new instances: no list call to wait for
 
     def _launch_params(
         self, job: TrainingJob, pool: str, index: int, generation: int, user_data: str
@@ -342,14 +316,11 @@ class Ec2Backend(ComputeBackend):
             params["IamInstanceProfile"] = {key: self.iam_instance_profile}
         return params
 
-    def _record(self, pool: str, requested: int, launched: int, reason: str) -> None:
-        record_launch(self.recorder, pool, requested, launched, reason)
-
     def _rendezvous(self, live: list[_Instance], known: list[_Instance]) -> None:
         """Publish a new generation when the live set differs from the one the tags describe."""
         if not live:
             return
-        ordered = sorted(live, key=lambda i: (i.launch_time, i.instance_id))
+        ordered = sorted(live, key=self._oldest_first)
         current = [i.tags.get(TAG_RANK) for i in ordered]
         generations = {i.tags.get(TAG_GENERATION) for i in ordered}
         sizes = {i.tags.get(TAG_WORLD_SIZE) for i in ordered}

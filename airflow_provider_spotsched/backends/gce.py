@@ -36,17 +36,14 @@ from google.cloud import compute_v1
 from airflow_provider_spotsched.backends.base import (
     ON_DEMAND,
     BackendError,
-    ComputeBackend,
     InstanceState,
     InstanceStatus,
-    InsufficientCapacityError,
     JobStatus,
-    LaunchRecorder,
     TrainingJob,
-    check_target,
-    record_launch,
 )
-from airflow_provider_spotsched.backends.bootstrap import RENDEZVOUS_KEYS, startup_script
+from airflow_provider_spotsched.backends.bootstrap import RENDEZVOUS_KEYS
+from airflow_provider_spotsched.backends.cloud import CloudBackend
+from airflow_provider_spotsched.market.launch import LaunchRecorder
 from airflow_provider_spotsched.scheduling.model import Allocation
 
 log = logging.getLogger(__name__)
@@ -116,7 +113,7 @@ class _Vm:
         return None
 
 
-class GceBackend(ComputeBackend):
+class GceBackend(CloudBackend[_Vm, str]):
     """Runs a job on Compute Engine through an ``InstancesClient`` (the Google provider's client).
 
     ``zones`` maps every spot pool name of the job to its zone; ``on_demand_zone`` places the
@@ -127,6 +124,7 @@ class GceBackend(ComputeBackend):
     """
 
     name = "gce"
+    provider = "gcp"
 
     def __init__(
         self,
@@ -158,6 +156,7 @@ class GceBackend(ComputeBackend):
             raise ValueError(f"disk_size_gb must be >= 10 (the smallest boot disk), got {disk_size_gb}")
         if not 1 <= master_port <= 65535:
             raise ValueError(f"master_port must be a TCP port in [1, 65535], got {master_port}")
+        super().__init__(poll_seconds=poll_seconds, recorder=recorder)
         self.instances = instances_client
         self.operations = zone_operations_client
         self.project, self.zones, self.on_demand_zone = project, dict(zones), on_demand_zone
@@ -165,45 +164,18 @@ class GceBackend(ComputeBackend):
         self.accelerators = dict(accelerators or {})
         self.service_account, self.network, self.subnetwork = service_account, network, subnetwork
         self.external_ip, self.disk_size_gb = external_ip, disk_size_gb
-        self.master_port, self.poll_seconds = master_port, poll_seconds
-        self.recorder = recorder
+        self.master_port = master_port
         self._seen: dict[str, tuple[str, str]] = {}  # name -> (pool tag, capacity) of VMs listed once
         self._deleted: set[str] = set()
 
     # -- ComputeBackend -------------------------------------------------------------------------
 
-    def status(self, job: TrainingJob) -> JobStatus:
-        return self._status(job, self._list(job))
-
-    def reconcile(self, job: TrainingJob, target: Allocation) -> JobStatus:
-        self._check(job, target)
-        vms = self._list(job)
-        before = self._status(job, vms)
-        if before.finished:
-            return before  # the work is done: nothing to launch
-        live = [vm for vm in vms if _live(vm) and vm.name not in self._deleted]
-        wanted = {f"p{m}": n for m, n in enumerate(target.spot)} | {"od": target.on_demand}
-        for tag in set(wanted) | {vm.pool_tag for vm in live}:  # a pool the job no longer names goes to 0
-            mine = sorted((vm for vm in live if vm.pool_tag == tag), key=lambda vm: (vm.created, vm.name))
-            if len(mine) > wanted.get(tag, 0):
-                self._delete(mine[wanted.get(tag, 0) :])  # the newest go first
-        survivors = [vm for vm in live if vm.name not in self._deleted]
-        launched, shortfalls = self._launch(job, wanted, survivors, vms)
-        if shortfalls and not survivors and not launched:
-            raise InsufficientCapacityError.from_shortfalls(shortfalls)
-        if launched:
-            vms = self._list(job)  # the new VMs' addresses and metadata fingerprints
-        live = [vm for vm in vms if _live(vm) and vm.name not in self._deleted]
-        self._rendezvous(live, vms)
-        return self._status(job, vms)
-
     def release(self, job: TrainingJob) -> None:
-        self._delete([vm for vm in self._list(job) if vm.name not in self._deleted])
+        self._terminate([vm for vm in self._list(job) if vm.name not in self._deleted])
 
-    # -- internals ------------------------------------------------------------------------------
+    # -- CloudBackend primitives ----------------------------------------------------------------
 
     def _check(self, job: TrainingJob, target: Allocation) -> None:
-        check_target(job, target)
         missing = [p for p, n in zip(job.pools, target.spot) if n and p not in self.zones]
         if missing:
             raise BackendError(
@@ -257,7 +229,7 @@ class GceBackend(ComputeBackend):
         listed = {vm.name for vm in vms}
         statuses = [
             InstanceStatus(vm.name, self._pool(job, vm.pool_tag), *self._state(vm, preempted))
-            for vm in sorted(vms, key=lambda vm: (vm.created, vm.name))
+            for vm in sorted(vms, key=self._oldest_first)
         ]
         for name, when in sorted(preempted.items()):
             if name not in listed:
@@ -273,6 +245,19 @@ class GceBackend(ComputeBackend):
                 detail = "vanished without a delete from spotsched"
                 statuses.append(InstanceStatus(name, self._pool(job, tag), state, detail))
         return JobStatus(job.job_id, tuple(statuses))
+
+    def _live(self, vm: _Vm) -> bool:
+        running = vm.status in _PENDING or vm.status == "RUNNING"
+        return running and not vm.labels.get(LABEL_RESULT) and vm.name not in self._deleted
+
+    def _pool_keys(self, job: TrainingJob) -> tuple[str, ...]:
+        return (*(f"p{m}" for m in range(len(job.pools))), "od")
+
+    def _pool_key(self, vm: _Vm) -> str:
+        return vm.pool_tag
+
+    def _oldest_first(self, vm: _Vm) -> tuple[str, str]:
+        return vm.created, vm.name
 
     @staticmethod
     def _pool(job: TrainingJob, tag: str) -> str:
@@ -296,7 +281,7 @@ class GceBackend(ComputeBackend):
             return InstanceState.PREEMPTED, f"{vm.status}, preempted at {preempted[vm.name]}"
         return InstanceState.FAILED, f"{vm.status} without a result: stopped outside spotsched"
 
-    def _delete(self, vms: list[_Vm]) -> None:
+    def _terminate(self, vms: list[_Vm]) -> None:
         operations = []
         for vm in vms:
             try:
@@ -311,53 +296,43 @@ class GceBackend(ComputeBackend):
         if vms:
             log.info("deleted %d instance(s): %s", len(vms), ", ".join(vm.name for vm in vms))
 
-    def _launch(
-        self, job: TrainingJob, wanted: Mapping[str, int], survivors: list[_Vm], known: list[_Vm]
-    ) -> tuple[list[str], list[tuple[str, int, str]]]:
-        """Insert every pool's deficit; return the new names and (pool, missing, reason) shortfalls."""
-        deficits = {t: n - sum(1 for vm in survivors if vm.pool_tag == t) for t, n in wanted.items()}
-        deficits = {t: d for t, d in deficits.items() if d > 0}
-        if not deficits:
-            return [], []
+    def _next_generation(self, job: TrainingJob, known: list[_Vm]) -> int:
         # Names of preempted VMs are free again; a higher generation still keeps their operations apart.
         earlier = [*self._seen, *self._preempted(job)]
-        generation = 1 + max([vm.generation for vm in known] + [_generation_of(n) for n in earlier], default=0)
-        script = startup_script(job, "gcp", poll_seconds=self.poll_seconds)
+        return 1 + max([vm.generation for vm in known] + [_generation_of(n) for n in earlier], default=0)
+
+    def _launch(self, job: TrainingJob, tag: str, count: int, generation: int, script: str) -> tuple[list[str], str]:
+        pool = self._pool(job, tag)
+        zone = self.on_demand_zone if tag == "od" else self.zones[pool]
         launched: list[str] = []
-        shortfalls: list[tuple[str, int, str]] = []
-        for tag, count in deficits.items():
-            pool = self._pool(job, tag)
-            zone = self.on_demand_zone if tag == "od" else self.zones[pool]
-            names = [f"{name_prefix(job.job_id)}-g{generation}-{tag}-{index}" for index in range(count)]
-            pending = []
-            reason = ""
-            for name in names:
-                body = self._instance(job, name, zone, tag, generation, script)
-                try:
-                    operation = self.instances.insert(project=self.project, zone=zone, instance_resource=body)
-                    pending.append((name, operation))
-                except Conflict:
-                    launched.append(name)  # a retried insert: the VM exists already
-                except GoogleAPICallError as exc:
-                    reason = _capacity_reason(exc, name)
-                    break
-            for name, operation in pending:
-                try:
-                    operation.result(timeout=_OPERATION_TIMEOUT_S)
-                except Conflict:
-                    pass  # created by an earlier try of this insert
-                except GoogleAPICallError as exc:
-                    reason = _capacity_reason(exc, name)
-                    continue
-                if operation.error and operation.error.errors:  # an error without an HTTP status
-                    reason = _capacity_reason(GoogleAPICallError(str(operation.error.errors)), name)
-                    continue
-                launched.append(name)
-            got = sum(1 for n in launched if n in names)
-            self._record(pool, count, got, reason)
-            if got < count:
-                shortfalls.append((pool, count - got, reason))
-        return launched, shortfalls
+        pending = []
+        reason = ""
+        for name in (f"{name_prefix(job.job_id)}-g{generation}-{tag}-{index}" for index in range(count)):
+            body = self._instance(job, name, zone, tag, generation, script)
+            try:
+                operation = self.instances.insert(project=self.project, zone=zone, instance_resource=body)
+                pending.append((name, operation))
+            except Conflict:
+                launched.append(name)  # a retried insert: the VM exists already
+            except GoogleAPICallError as exc:
+                reason = _capacity_reason(exc, name)
+                break
+        for name, operation in pending:
+            try:
+                operation.result(timeout=_OPERATION_TIMEOUT_S)
+            except Conflict:
+                pass  # created by an earlier try of this insert
+            except GoogleAPICallError as exc:
+                reason = _capacity_reason(exc, name)
+                continue
+            if operation.error and operation.error.errors:  # an error without an HTTP status
+                reason = _capacity_reason(GoogleAPICallError(str(operation.error.errors)), name)
+                continue
+            launched.append(name)
+        return launched, reason
+
+    def _with_launched(self, job: TrainingJob, vms: list[_Vm], launched: list[str]) -> list[_Vm]:
+        return self._list(job) if launched else vms  # the new VMs' addresses and metadata fingerprints
 
     def _instance(
         self, job: TrainingJob, name: str, zone: str, tag: str, generation: int, script: str
@@ -418,14 +393,11 @@ class GceBackend(ComputeBackend):
             ]
         return instance
 
-    def _record(self, pool: str, requested: int, launched: int, reason: str) -> None:
-        record_launch(self.recorder, pool, requested, launched, reason)
-
     def _rendezvous(self, live: list[_Vm], known: list[_Vm]) -> None:
         """Publish a new generation when the live set differs from the one the metadata describes."""
         if not live:
             return
-        ordered = sorted(live, key=lambda vm: (vm.created, vm.name))
+        ordered = sorted(live, key=self._oldest_first)
         generations = {vm.attribute("generation") for vm in ordered}
         sizes = {vm.attribute("world-size") for vm in ordered}
         ranks = sorted(str(vm.attribute("rank")) for vm in ordered)
@@ -453,10 +425,6 @@ class GceBackend(ComputeBackend):
         for operation in operations:
             operation.result(timeout=_OPERATION_TIMEOUT_S)
         log.info("rendezvous generation %s: %d worker(s), master %s", generation, len(ordered), ordered[0].ip)
-
-
-def _live(vm: _Vm) -> bool:
-    return (vm.status in _PENDING or vm.status == "RUNNING") and not vm.labels.get(LABEL_RESULT)
 
 
 def _pool_tag_of(name: str) -> str:

@@ -30,9 +30,8 @@ from airflow_provider_spotsched.backends.base import (
     InstanceStatus,
     InsufficientCapacityError,
     JobStatus,
-    LaunchOutcome,
-    LaunchRecorder,
     TrainingJob,
+    check_target,
 )
 from airflow_provider_spotsched.backends.local_jobdir import JobDir, JobState, read_json, write_json
 from airflow_provider_spotsched.backends.local_processes import (
@@ -46,6 +45,7 @@ from airflow_provider_spotsched.backends.local_processes import (
     wait_gone,
 )
 from airflow_provider_spotsched.backends.market_clock import AWS_NOTICE_SECONDS, MarketClock
+from airflow_provider_spotsched.market.launch import LaunchOutcome, LaunchRecorder
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import Allocation
 
@@ -95,10 +95,7 @@ class LocalBackend(ComputeBackend):
     # -- the interface -----------------------------------------------------------------------
 
     def reconcile(self, job: TrainingJob, target: Allocation) -> JobStatus:
-        if len(target.spot) != len(job.pools) or target.on_demand < 0 or any(s < 0 for s in target.spot):
-            raise ValueError(
-                f"target {target} must hold one count >= 0 per pool of job.pools {list(job.pools)} and on_demand >= 0"
-            )
+        check_target(job, target)
         jobdir = self.jobdir(job)
         with jobdir.lock():
             state = self._open(jobdir, job)
@@ -176,13 +173,7 @@ class LocalBackend(ComputeBackend):
 
     def _open(self, jobdir: JobDir, job: TrainingJob) -> JobState:
         """The job's state; on the first call, its directory, spec and market clock."""
-        spec = {
-            "job_id": job.job_id,
-            "command": list(job.command),
-            "checkpoint_uri": job.checkpoint_uri,
-            "pools": list(job.pools),
-            "env": dict(job.env),
-        }
+        spec = job.to_dict()
         if jobdir.exists:
             stored = read_json(jobdir.job_file)
             if stored != spec:

@@ -36,7 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_spotsched.backends.base import ON_DEMAND, InstanceState
+from airflow_provider_spotsched.backends.base import ON_DEMAND, InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local_jobdir import JobDir, JobState, WorkerRecord, read_json, tail
 from airflow_provider_spotsched.backends.local_processes import (
     JOB_ID_MARKER,
@@ -47,9 +47,8 @@ from airflow_provider_spotsched.backends.local_processes import (
     signal_group,
 )
 from airflow_provider_spotsched.backends.market_clock import MarketClock
+from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED
 
-EXIT_DONE = 0
-EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped after an emergency checkpoint
 BOUNDARY_MARGIN_S = 0.002  # wake this far past a slot boundary, so that the clock reads the new slot
 STOP_STATES = {"preempted": InstanceState.PREEMPTED, "released": InstanceState.RELEASED}
 
@@ -65,7 +64,7 @@ class Supervisor:
         self.jobdir = jobdir
         self.poll_s = poll_s
         self.stop_timeout_s = stop_timeout_s
-        self.job: dict[str, Any] = read_json(jobdir.job_file)
+        self.job = TrainingJob.from_dict(read_json(jobdir.job_file))
         self.clock = MarketClock.from_dict(read_json(jobdir.clock_file))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -137,7 +136,7 @@ class Supervisor:
         if record.generation == state.running_generation == state.generation:
             state.generation += 1  # its peers lost a rank: they restart without it (or stop)
         asked = record.signalled_at is not None or record.stop_reason is not None
-        if code in (EXIT_RESUMABLE, -signal.SIGTERM, None) or (asked and record.killed):
+        if code in (EXIT_PREEMPTED, -signal.SIGTERM, None) or (asked and record.killed):
             if record.stop_reason is None:
                 record.state = InstanceState.PENDING.value  # restarts with the next worker set
             if record.killed:
@@ -224,7 +223,7 @@ class Supervisor:
         notice = self.jobdir.notice_file(record, generation)
         notice.unlink(missing_ok=True)
         env = dict(os.environ)
-        env.update(self.job.get("env", {}))
+        env.update(self.job.env)
         env.update(
             {
                 "RANK": str(rank),
@@ -232,7 +231,7 @@ class Supervisor:
                 "WORLD_SIZE": str(world),
                 "SPOTSCHED_NOTICE": f"file://{notice}",
                 "SPOTSCHED_INSTANCE_ID": record.instance_id,
-                JOB_ID_MARKER: self.job["job_id"],
+                JOB_ID_MARKER: self.job.job_id,
                 JOBDIR_MARKER: str(self.jobdir.path),
             }
         )
@@ -248,7 +247,7 @@ class Supervisor:
         try:
             with open(f"{stem}.out", "ab") as out, open(f"{stem}.err", "ab") as err:
                 process = subprocess.Popen(
-                    self.job["command"],
+                    self.job.command,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -258,7 +257,7 @@ class Supervisor:
         except OSError as exc:
             state.outcome = "failed"
             record.state = InstanceState.FAILED.value
-            record.detail = f"could not start {self.job['command'][0]!r}: {exc}"
+            record.detail = f"could not start {self.job.command[0]!r}: {exc}"
             return
         self.processes[record.instance_id] = process
         record.pid, record.started = process.pid, create_time(process.pid)

@@ -4,7 +4,7 @@ No cloud publishes "how many spot instances could I get now". Two kinds of evide
 
 - a *score* (AWS spot placement score, 1..10): how likely a request for ``target`` instances
   would succeed; turned into a count by :func:`score_to_count`;
-- a *launch outcome* (:class:`~airflow_provider_spotsched.backends.base.LaunchOutcome`, what a
+- a *launch outcome* (:class:`~airflow_provider_spotsched.market.launch.LaunchOutcome`, what a
   backend recorded): a shortfall (``launched < requested``, e.g. ``InsufficientInstanceCapacity``
   or ``ZONE_RESOURCE_POOL_EXHAUSTED``) says exactly ``launched`` could be had then (0 when none
   started); a full success of ``k`` says at least ``k`` could.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, Sequence
 
-from airflow_provider_spotsched.backends.base import LaunchOutcome
+from airflow_provider_spotsched.market.launch import LaunchOutcome
 
 SCORE_MIN, SCORE_MAX = 1, 10
 

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from airflow_provider_spotsched.backends.base import LaunchOutcome
+from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.source import Tick, check_window, trace_from_ticks, trace_ticks
 from airflow_provider_spotsched.market.trace import COLUMNS, Trace, parse_timestamp, read_trace
 

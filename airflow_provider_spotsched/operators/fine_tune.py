@@ -43,7 +43,7 @@ from airflow_provider_spotsched.market.source import MarketSource
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
 from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
-from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger, job_from_dict, job_to_dict
+from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 
 STATE_KEY = "spotsched_run"
 PROGRESS_FILE = "progress.json"
@@ -237,7 +237,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         """
         spec = BackendSpec.from_dict(saved["backend"])
         env = build_environment(spec, self.slot_hours, self.market_source)
-        run, training = OnlineRun.from_state(saved["run"]), job_from_dict(saved["job"])
+        run, training = OnlineRun.from_state(saved["run"]), TrainingJob.from_dict(saved["job"])
         self._known_failures = int(saved.get("known_failures", 0))
         return self._guarded(context, spec, env, run, training, reattach)
 
@@ -408,7 +408,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         self.defer(
             trigger=SpotJobTrigger(
                 backend=spec.to_dict(),
-                job=job_to_dict(training),
+                job=training.to_dict(),
                 boundary=boundary.isoformat(),
                 poll_interval=self.poll_interval or min(max(seconds_per_slot / 10.0, 0.2), 60.0),
                 known_preemptions=status.preemptions,
@@ -471,7 +471,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         return store
 
     def _save(self, context: Any, spec: BackendSpec, run: OnlineRun, training: TrainingJob) -> None:
-        state = {"run": run.to_state(), "job": job_to_dict(training), "backend": spec.to_dict(),
+        state = {"run": run.to_state(), "job": training.to_dict(), "backend": spec.to_dict(),
                  "known_failures": self._known_failures}
         self._store(context).set(STATE_KEY, state)
 

@@ -1,9 +1,9 @@
 """``python -m airflow_provider_spotsched.runtime --config CONFIG.json --checkpoint-uri URI``.
 
-One process per instance. Exit codes (the contract with the backends): 0 the work is done and the
-final adapter is under ``URI/final/``; 75 stopped by SIGTERM or a preemption notice after an
-emergency checkpoint (restart to resume); 2 bad arguments or config; 1 any other failure. Every
-failure prints its reason on stderr.
+One process per instance. Exit codes (the contract with the backends, :mod:`.contract`): 0 the
+work is done and the final adapter is under ``URI/final/``; 75 stopped by SIGTERM or a preemption
+notice after an emergency checkpoint (restart to resume); 2 bad arguments or config; 1 any other
+failure. Every failure prints its reason on stderr.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from airflow_provider_spotsched.runtime import EXIT_FAILURE, EXIT_USAGE
+from airflow_provider_spotsched.runtime.contract import EXIT_FAILURE, EXIT_USAGE, PROGRESS_FILE
 
 NOTICE_POLL_S = 1.0
 
@@ -22,7 +22,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="spotsched-train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="path to CONFIG.json (see docs/runtime.md)")
     parser.add_argument("--checkpoint-uri", required=True,
-                        help="where checkpoints, progress.json and the final adapter go: a directory, s3:// or gs://")
+                        help=f"where checkpoints, {PROGRESS_FILE} and the final adapter go: "
+                             "a directory, s3:// or gs://")
     return parser.parse_args(argv)
 
 

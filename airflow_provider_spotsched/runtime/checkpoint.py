@@ -22,7 +22,6 @@ import io
 import json
 import os
 import re
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -31,10 +30,11 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from airflow_provider_spotsched.runtime.atomic import TEMP_MARK, write_atomic
+
 CHECKPOINTS = "checkpoints"
 PAYLOAD = "state.pt"
 MANIFEST = "manifest.json"
-TEMP_MARK = ".tmp-"
 NAME = re.compile(r"^ckpt-(\d{9})$")
 
 
@@ -56,7 +56,7 @@ class Loaded:
 
 
 class CheckpointStore:
-    """The job's storage: checkpoints, plus the small files (progress.json) and the final adapter."""
+    """The job's storage: checkpoints, their manifests and the final adapter."""
 
     def __init__(self, uri: str, keep: int = 3, log: Callable[[str], None] | None = None) -> None:
         self.uri = uri
@@ -72,24 +72,8 @@ class CheckpointStore:
     # -- writing -------------------------------------------------------------------------------
 
     def write_bytes(self, relative: str, data: bytes) -> None:
-        """Write one file all or nothing (local: temp name, fsync, rename, fsync the directory)."""
-        target = self.path(relative)
-        parent = target.rsplit("/", 1)[0]
-        if not self.local:
-            self.fs.pipe_file(target, data)
-            return
-        os.makedirs(parent, exist_ok=True)
-        temporary = f"{target}{TEMP_MARK}{uuid.uuid4().hex[:8]}"
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-        directory = os.open(parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        """Write one file all or nothing (:func:`~.atomic.write_atomic`)."""
+        write_atomic(self.fs, self.path(relative), data)
 
     def write_json(self, relative: str, payload: dict[str, Any]) -> None:
         self.write_bytes(relative, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())

@@ -23,9 +23,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from airflow_provider_spotsched.runtime import EXIT_DONE, EXIT_PREEMPTED
 from airflow_provider_spotsched.runtime.checkpoint import CheckpointStore, checkpoint_name, utc_now
 from airflow_provider_spotsched.runtime.config import TrainConfig
+from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, Progress, write_progress
 from airflow_provider_spotsched.runtime.data import SampleStream, load_text, rank_share
 from airflow_provider_spotsched.runtime.distributed import PeerLostError, Workers
 from airflow_provider_spotsched.runtime.guard import bad_loss_reason, check_rollback_allowed
@@ -207,12 +207,12 @@ class Trainer:
     def write_progress(self, status: str) -> None:
         if not self.workers.leader:
             return
-        self.store.write_json("progress.json", {
-            "samples_done": self.samples_done, "samples_total": self.config.samples, "step": self.step,
-            "loss": self.losses[-1] if self.losses else None, "samples_per_second": round(self.throughput, 3),
-            "world_size": self.workers.world_size, "checkpoint": self.latest_checkpoint, "status": status,
-            "updated": utc_now(),
-        })
+        write_progress(self.store.uri, Progress(
+            samples_done=self.samples_done, samples_total=self.config.samples, step=self.step,
+            loss=self.losses[-1] if self.losses else None, samples_per_second=round(self.throughput, 3),
+            world_size=self.workers.world_size, checkpoint=self.latest_checkpoint, status=status,
+            updated=utc_now(),
+        ))
 
     def save_final(self) -> str:
         """The finished adapter (peft format) and tokenizer under URI/final/."""

@@ -23,31 +23,11 @@ from airflow_provider_spotsched.backends.base import InstanceState, JobStatus, T
 BOUNDARY, PREEMPTED, FINISHED, FAILED = "boundary", "preempted", "finished", "failed"
 
 
-def job_to_dict(job: TrainingJob) -> dict[str, Any]:
-    return {
-        "job_id": job.job_id,
-        "command": list(job.command),
-        "checkpoint_uri": job.checkpoint_uri,
-        "pools": list(job.pools),
-        "env": dict(job.env),
-    }
-
-
-def job_from_dict(data: Mapping[str, Any]) -> TrainingJob:
-    return TrainingJob(
-        job_id=data["job_id"],
-        command=tuple(data["command"]),
-        checkpoint_uri=data["checkpoint_uri"],
-        pools=tuple(data["pools"]),
-        env=dict(data.get("env") or {}),
-    )
-
-
 class SpotJobTrigger(BaseTrigger):
     """Fires once: at ``boundary``, on a preemption beyond ``known_preemptions``, or at the job's end.
 
     :param backend: a :class:`~airflow_provider_spotsched.hooks.backend_factory.BackendSpec` as a dict.
-    :param job: the :class:`TrainingJob` as a dict (see :func:`job_to_dict`).
+    :param job: the :class:`TrainingJob` as a dict (see :meth:`TrainingJob.to_dict`).
     :param boundary: ISO-8601 UTC instant of the next slot boundary.
     :param poll_interval: seconds between status polls.
     :param known_preemptions: preempted instances the operator has already seen.
@@ -91,7 +71,7 @@ class SpotJobTrigger(BaseTrigger):
         from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_backend
 
         backend = await asyncio.to_thread(build_backend, BackendSpec.from_dict(self.backend))
-        job = job_from_dict(self.job)
+        job = TrainingJob.from_dict(self.job)
         boundary = datetime.fromisoformat(self.boundary)
         while True:
             status = await asyncio.to_thread(backend.status, job)
@@ -119,4 +99,4 @@ class SpotJobTrigger(BaseTrigger):
         from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_backend
 
         backend = await asyncio.to_thread(build_backend, BackendSpec.from_dict(self.backend))
-        await asyncio.to_thread(backend.release, job_from_dict(self.job))
+        await asyncio.to_thread(backend.release, TrainingJob.from_dict(self.job))

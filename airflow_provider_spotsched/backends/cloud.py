@@ -1,0 +1,157 @@
+"""The reconcile every cloud backend runs, written once over the few calls each cloud makes its own way.
+
+EC2 and Compute Engine bring a job to its target alike: list the instances carrying the job's
+id; if the work is done, stop; end the newest instances of every pool above its count (a pool
+the job no longer names goes to 0); launch every pool's deficit as a new generation running the
+start-up script (:mod:`.bootstrap`), recording each launch request's outcome; then publish the
+rendezvous for the instances that live on. A pool short of capacity launches what it can; only
+when nothing at all runs or started is that an :class:`~.base.InsufficientCapacityError`.
+
+A subclass says how its cloud lists, ends and launches instances, which are live, which pool an
+instance is in (its tag or label: the *pool key*) and how the rendezvous is published.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, Generic, Mapping, TypeVar
+
+from airflow_provider_spotsched.backends.base import (
+    ON_DEMAND,
+    ComputeBackend,
+    InsufficientCapacityError,
+    JobStatus,
+    TrainingJob,
+    check_target,
+    record_launch,
+)
+from airflow_provider_spotsched.backends.bootstrap import Provider, startup_script
+from airflow_provider_spotsched.market.launch import LaunchRecorder
+from airflow_provider_spotsched.scheduling.model import Allocation
+
+Instance = TypeVar("Instance")
+"""What the cloud's list call gives for one instance of the job."""
+
+Launched = TypeVar("Launched")
+"""What a launch gives for one started instance (the instance itself, or only its name)."""
+
+Shortfall = tuple[str, int, str]
+"""``(pool, instances missing, reason)`` of a launch that came up short."""
+
+
+class CloudBackend(ComputeBackend, Generic[Instance, Launched]):
+    """A backend on a cloud: the reconcile of the module docstring over the primitives below.
+
+    ``poll_seconds`` is how often the start-up script polls for a rendezvous; ``recorder``
+    receives every launch request's outcome.
+    """
+
+    provider: Provider
+
+    def __init__(self, *, poll_seconds: int, recorder: LaunchRecorder | None) -> None:
+        self.poll_seconds = poll_seconds
+        self.recorder = recorder
+
+    # -- ComputeBackend -------------------------------------------------------------------------
+
+    def status(self, job: TrainingJob) -> JobStatus:
+        return self._status(job, self._list(job))
+
+    def reconcile(self, job: TrainingJob, target: Allocation) -> JobStatus:
+        check_target(job, target)
+        self._check(job, target)
+        instances = self._list(job)
+        before = self._status(job, instances)
+        if before.finished:
+            return before  # the work is done: nothing to launch
+        self._finish_releases(instances)
+        live = [i for i in instances if self._live(i)]
+        wanted = dict(zip(self._pool_keys(job), (*target.spot, target.on_demand)))
+        for key in set(wanted) | {self._pool_key(i) for i in live}:  # a pool the job no longer names goes to 0
+            count = wanted.get(key, 0)
+            mine = sorted((i for i in live if self._pool_key(i) == key), key=self._oldest_first)
+            if len(mine) > count:
+                self._terminate(mine[count:])  # the newest go first
+        survivors = [i for i in live if self._live(i)]
+        launched, shortfalls = self._launch_deficits(job, wanted, survivors, instances)
+        if shortfalls and not survivors and not launched:
+            raise InsufficientCapacityError.from_shortfalls(shortfalls)
+        known = self._with_launched(job, instances, launched)
+        self._rendezvous([i for i in known if self._live(i)], known)
+        return self._status(job, known)
+
+    def _launch_deficits(
+        self, job: TrainingJob, wanted: Mapping[str, int], survivors: list[Instance], known: list[Instance]
+    ) -> tuple[list[Launched], list[Shortfall]]:
+        """Launch every pool's deficit, recording each request; return what started and the shortfalls."""
+        deficits = {k: n - sum(1 for i in survivors if self._pool_key(i) == k) for k, n in wanted.items()}
+        deficits = {k: d for k, d in deficits.items() if d > 0}
+        if not deficits:
+            return [], []
+        pools = dict(zip(self._pool_keys(job), (*job.pools, ON_DEMAND)))
+        generation = self._next_generation(job, known)
+        script = startup_script(job, self.provider, poll_seconds=self.poll_seconds)
+        launched: list[Launched] = []
+        shortfalls: list[Shortfall] = []
+        for key, count in deficits.items():
+            new, reason = self._launch(job, key, count, generation, script)
+            launched += new
+            record_launch(self.recorder, pools[key], count, len(new), reason)
+            if len(new) < count:
+                shortfalls.append((pools[key], count - len(new), reason))
+        return launched, shortfalls
+
+    # -- primitives -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def _check(self, job: TrainingJob, target: Allocation) -> None:
+        """Refuse a target this backend's configuration cannot place (after :func:`~.base.check_target`)."""
+
+    @abstractmethod
+    def _list(self, job: TrainingJob) -> list[Instance]:
+        """Every instance carrying the job's id, whatever its state."""
+
+    @abstractmethod
+    def _status(self, job: TrainingJob, instances: list[Instance]) -> JobStatus:
+        """The job's status from ``instances`` as last listed or launched."""
+
+    @abstractmethod
+    def _live(self, instance: Instance) -> bool:
+        """Pending or running, and not being ended by this backend."""
+
+    @abstractmethod
+    def _pool_keys(self, job: TrainingJob) -> tuple[str, ...]:
+        """The pool key of each pool of ``job.pools``, in order, then that of on-demand."""
+
+    @abstractmethod
+    def _pool_key(self, instance: Instance) -> str:
+        """The pool key ``instance`` carries (one of :meth:`_pool_keys`, or a pool the job no longer names)."""
+
+    @abstractmethod
+    def _oldest_first(self, instance: Instance) -> tuple[Any, str]:
+        """Sort key: launch order, ties broken by a stable id."""
+
+    def _finish_releases(self, instances: list[Instance]) -> None:
+        """End what an earlier call marked for ending but did not end (it crashed); nothing by default."""
+
+    @abstractmethod
+    def _terminate(self, instances: list[Instance]) -> None:
+        """End ``instances``, so that the job's status tells them from preempted ones."""
+
+    @abstractmethod
+    def _next_generation(self, job: TrainingJob, known: list[Instance]) -> int:
+        """A launch generation above every one the job has used (names and tags stay apart)."""
+
+    @abstractmethod
+    def _launch(
+        self, job: TrainingJob, key: str, count: int, generation: int, script: str
+    ) -> tuple[list[Launched], str]:
+        """Start up to ``count`` instances in pool ``key``; what started, and why not all did ("" if all)."""
+
+    @abstractmethod
+    def _with_launched(self, job: TrainingJob, instances: list[Instance], launched: list[Launched]) -> list[Instance]:
+        """Every instance of the job once ``launched`` started (``instances`` when nothing did)."""
+
+    @abstractmethod
+    def _rendezvous(self, live: list[Instance], known: list[Instance]) -> None:
+        """Publish a new generation when the live set differs from the one last published."""

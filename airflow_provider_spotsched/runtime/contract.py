@@ -1,0 +1,94 @@
+"""What the runtime promises whoever runs it: its exit codes and the files under the checkpoint URI.
+
+The backends (the local supervisor, the cloud start-up script) and the operator hold the runtime
+to this contract, not to its code: any command that keeps it can be the training command. This
+module imports only the standard library and fsspec, so that they can read it without torch,
+transformers or Airflow installed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import Any, Mapping
+
+import fsspec
+
+from airflow_provider_spotsched.runtime.atomic import write_atomic
+
+EXIT_DONE = 0  # the job's work is done; the final adapter is under URI/final/
+EXIT_FAILURE = 1  # training failed (message on stderr)
+EXIT_USAGE = 2  # bad arguments or config (message on stderr names the field)
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM or a notice after an emergency checkpoint; resumable
+
+PROGRESS_FILE = "progress.json"
+"""Under the checkpoint URI: the runtime's :class:`Progress`, replaced whole at every write."""
+
+CONFIG_FILE = "config.json"
+"""Under the checkpoint URI: the training config the operator writes for ``--config``."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What rank 0 last reported: the work that survives a preemption, and where the job stands.
+
+    ``samples_done`` is the checkpointed work in the scheduling model's units (training samples);
+    ``status`` is ``running``, ``preempted`` or ``done`` (empty before the first write, or when
+    the command does not say); ``updated`` is the UTC time of the write (ISO-8601, ``Z``).
+    """
+
+    samples_done: float = 0
+    samples_total: int = 0
+    step: int = 0
+    loss: float | None = None
+    samples_per_second: float = 0.0
+    world_size: int = 0
+    checkpoint: str | None = None
+    status: str = ""
+    updated: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Progress":
+        """The known fields of ``data``; a missing one keeps its default (a command may write fewer)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    @property
+    def finished_at(self) -> datetime | None:
+        """When the runtime reported the job done, if it did."""
+        if self.status != "done" or not self.updated:
+            return None
+        return datetime.fromisoformat(str(self.updated).replace("Z", "+00:00"))
+
+
+def _progress_path(checkpoint_uri: str) -> str:
+    return f"{checkpoint_uri.rstrip('/')}/{PROGRESS_FILE}"
+
+
+def write_progress(checkpoint_uri: str, progress: Progress) -> None:
+    """Replace the job's progress file in one step: a reader sees the old progress or the new."""
+    fs, path = fsspec.core.url_to_fs(_progress_path(checkpoint_uri))
+    write_atomic(fs, path, (json.dumps(progress.to_dict(), indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_progress(checkpoint_uri: str) -> Progress:
+    """The job's progress; an empty one before the first write or when the file is not progress JSON."""
+    try:
+        with fsspec.open(_progress_path(checkpoint_uri), "r") as handle:
+            data = json.load(handle)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return Progress()
+    return Progress.from_dict(data) if isinstance(data, dict) else Progress()
+
+
+def read_work_done(checkpoint_uri: str) -> float:
+    """Samples the runtime has checkpointed (work that survives a preemption)."""
+    return float(read_progress(checkpoint_uri).samples_done)
+
+
+def read_finished_at(checkpoint_uri: str) -> datetime | None:
+    """When the runtime wrote its final progress (``status: done``), if it says."""
+    return read_progress(checkpoint_uri).finished_at
