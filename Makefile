@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 EXTRAS := amazon,google,train,dev
 
-.PHONY: install demo demo-evaluate ui test evaluate forecast-backtest bench constraints clean
+.PHONY: install demo demo-evaluate ui test lint evaluate forecast-backtest bench constraints clean
 
 install: $(INSTALLED)
 
@@ -38,8 +38,16 @@ ui: $(INSTALLED)
 demo-evaluate: $(INSTALLED)
 	$(BIN)/spotsched evaluate --out results/demo --scenarios 2 --nmax 4 8 --workers 2
 
-test: $(INSTALLED)
+# The linters and the layer contract first (seconds), then the suite; the report page's browser
+# test needs Chromium, which scripts/ensure-chromium installs where it is missing.
+test: $(INSTALLED) lint
+	scripts/ensure-chromium
 	$(BIN)/python -m pytest
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # The full evaluation whose table and plots live in docs/evaluation/.
 evaluate: $(INSTALLED)

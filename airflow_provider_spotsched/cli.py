@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 import shlex
 import sys
 import time
@@ -16,13 +17,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from airflow_provider_spotsched.backends.local_settings import DEFAULT_SECONDS_PER_SLOT, LocalReplaySettings
+from airflow_provider_spotsched.execution.driver import Persist, RunDriver
+from airflow_provider_spotsched.execution.environment import SpotEnvironment, local_environment
 from airflow_provider_spotsched.forecast import FORECASTERS, Forecaster, make_forecaster
 from airflow_provider_spotsched.forecast.backtest import BacktestError, run_backtest
 from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, forecast_document, market_at
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.trace import Trace, TraceError, load_trace, parse_timestamp
+from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
 from airflow_provider_spotsched.scheduling.model import Job
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
+from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
 from airflow_provider_spotsched.simulation.evaluation import (
     POLICY_SPECS,
     EvaluationError,
@@ -30,7 +37,7 @@ from airflow_provider_spotsched.simulation.evaluation import (
     evaluate,
     trace_name,
 )
-from airflow_provider_spotsched.simulation.simulator import job_market, simulate
+from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 
 BAD_INPUT = 2
 
@@ -148,6 +155,91 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     return _backtest(args, trace, pools) if args.backtest else _live_forecast(args, trace, pools)
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a job for real on the local backend, in this process, to its end (see docs/backends.md)."""
+    job = read_job(args.job)
+    try:
+        settings = LocalReplaySettings.from_extra(
+            {"workdir": str(args.workdir), "trace": args.trace, "seconds_per_slot": args.seconds_per_slot,
+             "market_start": args.market_start, "history_slots": args.history_slots},
+            "spotsched run",
+        )
+        env = local_environment(settings, job.slot_hours)
+    except (ValueError, TraceError) as exc:
+        raise InputError(str(exc)) from None
+    job_id = args.job_id or _job_id(args.job)
+    state_file = settings.workdir / "runs" / f"{job_id}.json"
+    selector_file = args.selector_state or settings.workdir / "selector.json"
+
+    def persist(state: dict[str, Any]) -> None:
+        _write_json(state_file, state, "run state")
+
+    if state_file.exists():
+        print(f"re-attaching to job {job_id} ({state_file})")
+        driver = RunDriver.from_state(env, json.loads(state_file.read_text(encoding="utf-8")), persist)
+        reattach = True
+    else:
+        driver = _start_run(args, job, job_id, env, persist, selector_file)
+        reattach = False
+    shown = len(driver.run.records)
+
+    def show(run: OnlineRun) -> None:
+        nonlocal shown
+        for record in run.records[shown:]:
+            print(f"slot {record.slot}: {record.allocation} (cost so far {record.cost_so_far:.2f} USD)", flush=True)
+        shown = len(run.records)
+
+    run = driver.run_to_completion(reattach, on_step=show)
+    if run.member is not None:
+        store_round(lambda: _read_json(selector_file), lambda doc: _write_json(selector_file, doc, "selector state"), run)
+    result = run.result()
+    if args.out:
+        _write_json(args.out, {**result, "decision_log": run.decision_log()})
+    met = "deadline met" if result["deadline_met"] else "DEADLINE MISSED"
+    print(f"{result['policy']}: completed at {result['completion_hours']:.2f} h ({met}), cost ${result['cost']:.2f} "
+          f"against ${result['on_demand_cost']:.2f} on demand, {result['preemptions']} preemption(s)")
+    return 0
+
+
+def _start_run(
+    args: argparse.Namespace, job: Job, job_id: str, env: SpotEnvironment, persist: Persist, selector_file: Path
+) -> RunDriver:
+    """Every check before anything launches; the training command follows the runtime's contract."""
+    params = dict(parse_param(p) for p in args.param)
+    pools = _names([args.pools]) if args.pools else list(env.market.history(datetime.now(timezone.utc)).pools)
+    try:
+        config = RunConfig(job_id=job_id, job=job, pools=tuple(pools), policy=args.policy, policy_params=params,
+                           forecaster=args.forecaster, seconds_per_slot=env.seconds_per_slot)
+        learnt = selector_state(_read_json(selector_file)) if args.policy == "selector" else None
+        if args.command:
+            command = shlex.split(args.command)
+            driver = RunDriver.start(env, config, lambda uri: command, args.checkpoint_uri, persist, learnt)
+        else:
+            training_config = _read_json(args.training_config)
+            if training_config is None:
+                raise InputError(f"--training-config {args.training_config}: no such file")
+            driver = RunDriver.start(env, config, runtime_command, args.checkpoint_uri, persist, learnt)
+            write_config(driver.training.checkpoint_uri, training_config)
+    except (ValueError, TraceError) as exc:  # JobError, BudgetError, a bad pool or policy
+        raise InputError(str(exc)) from None
+    return driver
+
+
+def _job_id(path: Path) -> str:
+    """A job id from the job file's name: running the same file again re-attaches to its run."""
+    readable = re.sub(r"[^a-z0-9-]+", "-", path.stem.lower()).strip("-")
+    return readable or "job"
+
+
+def _read_json(path: Path) -> Any:
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not a readable JSON file ({exc})") from None
+
+
 def _names(values: Sequence[str]) -> list[str]:
     """Repeated options and comma lists alike, in order."""
     return [name.strip() for value in values for name in value.split(",") if name.strip()]
@@ -246,12 +338,12 @@ def _clock(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _write_json(path: Path, data: Any, what: str = "--out") -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
-        raise InputError(f"--out {path}: cannot write ({exc.strerror})") from None
+        raise InputError(f"{what} {path}: cannot write ({exc.strerror})") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -309,6 +401,27 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--out-dir", type=Path,
                     help="backtest output folder (default docs/forecasting/<trace name>/)")
     fc.set_defaults(run=cmd_forecast)
+
+    run = commands.add_parser("run", help="run a job for real on local workers over a replayed trace, to its end")
+    run.add_argument("--job", type=Path, required=True, help="job JSON file, the spec's format")
+    training = run.add_mutually_exclusive_group(required=True)
+    training.add_argument("--training-config", type=Path, help="the runtime's CONFIG JSON (LoRA fine-tune)")
+    training.add_argument("--command", help="a training command that follows the runtime's contract instead")
+    run.add_argument("--workdir", type=Path, required=True, help="job directories, checkpoints, run state")
+    run.add_argument("--trace", default="gcp", help='"gcp", "aws" (the shipped traces) or a trace file (default gcp)')
+    run.add_argument("--seconds-per-slot", type=float, default=DEFAULT_SECONDS_PER_SLOT,
+                     help="wall-clock seconds per market slot (default %(default)s)")
+    run.add_argument("--market-start", help="UTC timestamp in the trace where the job is submitted")
+    run.add_argument("--history-slots", type=int, help="slots of market history before submission")
+    run.add_argument("--pools", help="comma-separated pools (default: every pool of the trace)")
+    run.add_argument("--policy", default="selector", help="policy name (default selector)")
+    run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="policy parameter (repeatable)")
+    run.add_argument("--forecaster", default="persistence", help="the model whose forecast is logged each slot")
+    run.add_argument("--checkpoint-uri", help="where checkpoints go (default: under --workdir)")
+    run.add_argument("--job-id", help="the run's id (default: from the job file's name); the same id re-attaches")
+    run.add_argument("--selector-state", type=Path, help="the selector's learnt state (default: WORKDIR/selector.json)")
+    run.add_argument("--out", type=Path, help="result JSON with the decision log")
+    run.set_defaults(run=cmd_run)
     return parser
 
 

@@ -60,7 +60,7 @@ def fine_tune_operator(workdir: Path, seconds_per_slot: float, poll_interval: fl
         command=[sys.executable, str(FAKE_WORKER), "--config", str(config), "--checkpoint-uri", str(checkpoint)],
         checkpoint_uri=str(checkpoint),
         backend_options={"workdir": str(workdir / "local"), "seconds_per_slot": seconds_per_slot, "market_start": MARKET_START},
-        policy=policy, forecaster="seasonal-naive", poll_interval=poll_interval,
+        policy=policy, forecaster="seasonal-naive", poll_interval=poll_interval, deferrable=True,
     )
 
 

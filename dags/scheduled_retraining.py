@@ -126,6 +126,7 @@ with DAG(
         value=400.0,  # USD the support team values a fresh model by Monday at
         budget=150.0,
         policy="selector",
+        deferrable=True,  # a run lasts days: wait in the triggerer, not in a worker slot
     )
     prepared >> fine_tune
 

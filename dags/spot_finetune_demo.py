@@ -76,6 +76,7 @@ with DAG(
         },
         forecaster="seasonal-naive",
         poll_interval=1.0,
+        deferrable=True,  # between slots the task waits in the triggerer, holding no worker slot
     )
 
     @task

@@ -310,6 +310,8 @@ def test_release_after_a_crash_ends_every_worker_and_can_repeat(make_harness):
     h = make_harness([[2, 2]])
     h.backend.reconcile(h.job, Allocation((1, 1), 1))
     h.wait_running(3)
+    progress = h.checkpoint / "progress.json"
+    wait_for("a first checkpoint", lambda: progress.exists() and json.loads(progress.read_text())["samples_done"] > 0)
     pids = h.pids()
     os.kill(h.supervisor()["pid"], signal.SIGKILL)
     wait_for("the supervisor to die", lambda: not h.backend.supervisor_running(h.job))

@@ -25,10 +25,10 @@ from airflow_provider_spotsched.backends.base import InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.hooks.backend_factory import ConnectionMissingError
 from airflow_provider_spotsched.hooks.local import LocalSpotHook
+from airflow_provider_spotsched.execution.driver import TrainingFailedError
 from airflow_provider_spotsched.operators.fine_tune import (
     STATE_KEY,
     DeadlineSpotFineTuneOperator,
-    TrainingFailedError,
     job_id_for,
 )
 from airflow_provider_spotsched.scheduling.model import JobError
@@ -61,6 +61,7 @@ def operator(tmp_path: Path, samples: int = 160, worker: dict | None = None, **o
         policy="uniform-progress",
         forecaster="seasonal-naive",
         poll_interval=0.2,
+        deferrable=True,
     )
     fields.update(overrides)
     return DeadlineSpotFineTuneOperator(**fields)

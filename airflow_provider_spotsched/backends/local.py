@@ -171,6 +171,11 @@ class LocalBackend(ComputeBackend):
         state = self.jobdir(job).load()
         return state is not None and supervisor_running(state.supervisor)
 
+    def clock_start(self, job: TrainingJob) -> float | None:
+        """When slot 0 of ``job``'s replay began (epoch seconds), or ``None`` before its first launch."""
+        clock_file = self.jobdir(job).clock_file
+        return MarketClock.from_dict(read_json(clock_file)).start if clock_file.exists() else None
+
     def _open(self, jobdir: JobDir, job: TrainingJob) -> JobState:
         """The job's state; on the first call, its directory, spec and market clock."""
         spec = job.to_dict()

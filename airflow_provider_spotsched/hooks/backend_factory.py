@@ -2,8 +2,10 @@
 
 The operator and its trigger run in different processes (a worker, the triggerer), so what
 builds a backend travels as plain data: a :class:`BackendSpec` (backend name, connection id,
-options). The operator builds a :class:`SpotEnvironment` from it (backend, market feed, clock);
-the trigger rebuilds only the backend, to read the job's status or release it.
+options). The operator builds a
+:class:`~airflow_provider_spotsched.execution.environment.SpotEnvironment` from it (backend,
+market feed, clock); the trigger rebuilds only the backend, to read the job's status or release
+it.
 
 - ``local``: :class:`~airflow_provider_spotsched.hooks.local.LocalSpotHook` (a ``spotsched_local``
   connection, or none: the embedded default); the market is the trace it replays.
@@ -18,13 +20,14 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_spotsched.backends.base import ComputeBackend, TrainingJob
-from airflow_provider_spotsched.hooks.market_feed import LiveMarketFeed, MarketFeed
+from airflow_provider_spotsched.backends.base import ComputeBackend
+from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.market.feed import LiveMarketFeed
 from airflow_provider_spotsched.market.source import MarketSource
 
 BACKEND_CONN_TYPES = {"local": "spotsched_local", "ec2": "aws", "gce": "google_cloud_platform"}
@@ -67,22 +70,6 @@ class BackendSpec:
         return cls(data["name"], data.get("conn_id"), dict(data.get("options") or {}))
 
 
-@dataclass
-class SpotEnvironment:
-    """What one run drives: the backend, the market it reads, and the clock its slots follow.
-
-    ``seconds_per_slot`` is set where the market is replayed faster than real time;
-    ``clock_start`` says when the backend's slot 0 began (``None``: slot 0 began when the run
-    started, as on a real market).
-    """
-
-    backend: ComputeBackend
-    market: MarketFeed
-    seconds_per_slot: float | None = None
-    default_checkpoint_uri: Callable[[str], str] | None = None
-    clock_start: Callable[[TrainingJob], float | None] = lambda job: None
-
-
 def check_connection(conn_id: str, conn_type: str, parameter: str) -> None:
     """Fail before launching anything when ``conn_id`` does not exist, saying how to create it."""
     from airflow.sdk.exceptions import AirflowNotFoundException, AirflowRuntimeError
@@ -113,18 +100,9 @@ def build_environment(
     if spec.conn_id:
         check_connection(spec.conn_id, BACKEND_CONN_TYPES[spec.name], "compute_conn_id")
     if spec.name == "local":
-        from airflow_provider_spotsched.hooks.local import LocalSpotHook, clock_start
+        from airflow_provider_spotsched.hooks.local import LocalSpotHook
 
-        hook = LocalSpotHook(spec.conn_id, **spec.options)
-        market = hook.market(slot_hours)
-        backend = hook.backend(market)
-        return SpotEnvironment(
-            backend=backend,
-            market=market,
-            seconds_per_slot=hook.settings().seconds_per_slot,
-            default_checkpoint_uri=hook.default_checkpoint_uri,
-            clock_start=lambda job: clock_start(backend, job),
-        )
+        return LocalSpotHook(spec.conn_id, **spec.options).environment(slot_hours)
     if market_source is None:
         raise ValueError(
             f"backend={spec.name!r} needs market_source: the pools' live market, e.g. "

@@ -28,37 +28,45 @@ import re
 import shlex
 import sys
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import fsspec
-from airflow.sdk import BaseOperator, Variable
+from airflow.sdk import BaseOperator, Context, Variable, conf
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_spotsched.backends.base import InstanceState, InsufficientCapacityError, JobStatus, TrainingJob
+from airflow_provider_spotsched.execution.driver import Finished, RunDriver
+from airflow_provider_spotsched.execution.environment import SpotEnvironment
+from airflow_provider_spotsched.execution.wake import Wait
 from airflow_provider_spotsched.forecast import FORECASTERS
-from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, SpotEnvironment, build_environment
+from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_environment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.links.report import SpotRunReportLink
 from airflow_provider_spotsched.market.source import MarketSource
-from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError, Throughput
-from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
+from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
+from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 
 STATE_KEY = "spotsched_run"
-PROGRESS_FILE = "progress.json"
-CONFIG_FILE = "config.json"
-SLOT_EPSILON = 1e-6
+DEFAULT_SELECTOR_VARIABLE = "spotsched_selector_state"
 CLOUD_OPTIONS = {"ec2": ("instance_type", "pools"), "gce": ("machine_type", "zones")}
 """The cloud backends' option names for the instance type and the pool placements."""
 
 
-class TrainingFailedError(AirflowException):
-    """The training command failed on an instance; its detail (stderr tail) is in the message."""
-
-
 def default_forecaster() -> str:
     return "auto" if "auto" in FORECASTERS else "seasonal-naive"
+
+
+def rendered_number(name: str, value: Any, integer: bool = False) -> Any:
+    """A templated number as a number: a rendered template is text ("4") unless the DAG renders
+    native objects; anything else is returned as given, for the job's own checks."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return int(value) if integer else float(value)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise JobError(f"{name}={value!r} is not {kind}; check the template or XCom that gives it") from None
 
 
 def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
@@ -116,16 +124,34 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
     :param policy_params: the policy's parameters.
     :param slot_hours: decision slot length in hours (default 1.0).
     :param budget: USD cap on the run's cost (``None``: no cap).
-    :param selector_state_variable: the Variable key holding the selector's state.
+    :param selector_state_variable: the Variable key holding the selector's state (default:
+        ``[spotsched] selector_state_variable``, else ``spotsched_selector_state``).
     :param forecaster: the model whose forecast is logged each slot (default ``"auto"`` when
         registered, else ``"seasonal-naive"``).
-    :param poll_interval: seconds between the trigger's status polls (default: a tenth of a slot,
-        at most 60 s).
+    :param poll_interval: seconds between status polls (default: ``[spotsched]
+        default_poll_interval``, else a tenth of a slot, at most 60 s).
+    :param deferrable: between slots, defer to the triggerer and hold no worker slot (default:
+        ``[operators] default_deferrable``, as every Airflow provider); ``False`` waits in the
+        worker, polling the backend, for deployments that run no triggerer: same decisions, same
+        result, one worker slot held for the whole run.
+
+    Every argument but ``backend``, ``slot_hours``, ``forecaster``, ``regions``, ``policy`` and
+    ``hard_deadline_factor``/``reconfig_overhead_hours`` is templated, so the job's size, its
+    instance counts and its market can come from an upstream task's XCom.
     """
 
     template_fields: Sequence[str] = (
         "pools",
         "deadline",
+        "throughput",
+        "value",
+        "work",
+        "steps",
+        "batch_size",
+        "min_instances",
+        "max_instances",
+        "instance_type",
+        "market_source",
         "training_config",
         "command",
         "checkpoint_uri",
@@ -135,7 +161,13 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         "budget",
         "selector_state_variable",
     )
-    template_fields_renderers = {"training_config": "json", "backend_options": "json", "policy_params": "json"}
+    template_fields_renderers = {
+        "training_config": "json",
+        "backend_options": "json",
+        "policy_params": "json",
+        "throughput": "json",
+        "market_source": "json",
+    }
     ui_color = "#f4d58d"
     operator_extra_links = (SpotRunReportLink(),)
 
@@ -166,9 +198,10 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         policy_params: Mapping[str, Any] | None = None,
         slot_hours: float = 1.0,
         budget: float | None = None,
-        selector_state_variable: str = "spotsched_selector_state",
+        selector_state_variable: str | None = None,
         forecaster: str | None = None,
         poll_interval: float | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -183,7 +216,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         self.instance_type = instance_type
         self.regions = regions
         if market_source is not None and not isinstance(market_source, MarketSource):
-            market_source = MarketSpec.coerce(market_source)
+            MarketSpec.coerce(market_source)  # a wrong kind fails when the DAG is parsed; templates render later
         self.market_source = market_source
         self.backend = backend
         self.compute_conn_id = compute_conn_id
@@ -195,26 +228,32 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         self.policy_params = policy_params
         self.slot_hours = slot_hours
         self.budget = budget
-        self.selector_state_variable = selector_state_variable
+        self.selector_state_variable = selector_state_variable or conf.get(
+            "spotsched", "selector_state_variable", fallback=DEFAULT_SELECTOR_VARIABLE
+        )
         self.forecaster = forecaster or default_forecaster()
+        if poll_interval is None:
+            poll_interval = conf.getfloat("spotsched", "default_poll_interval", fallback=None)
+        if poll_interval is not None and not (isinstance(poll_interval, (int, float)) and 0 < poll_interval < math.inf):
+            raise ValueError(f"poll_interval must be a number of seconds > 0, got {poll_interval!r}")
         self.poll_interval = poll_interval
-        self._running: tuple[SpotEnvironment, TrainingJob] | None = None
-        self._known_failures = 0  # failed instances of earlier tries: a retry starts the job again
+        self.deferrable = deferrable
+        self._running: RunDriver | None = None
 
     # -- Airflow entry points ------------------------------------------------------------------
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         """Validate, then start the run, or re-attach to the one a previous try left."""
         saved = self._store(context).get(STATE_KEY)
         if saved:
             self.log.info("re-attaching to job %s, left by a previous try", saved["job"]["job_id"])
             return self._resume(context, saved, reattach=True)
         spec = self._backend_spec()
-        env = build_environment(spec, self.slot_hours, self.market_source)
-        run, training = self._start(context, env)
-        return self._guarded(context, spec, env, run, training, reattach=False)
+        env = build_environment(spec, self.slot_hours, self._market_source())
+        driver = self._start(context, spec, env)
+        return self._drive(context, spec, driver, reattach=False)
 
-    def execute_slot(self, context: Any, event: Mapping[str, Any]) -> dict[str, Any]:
+    def execute_slot(self, context: Context, event: Mapping[str, Any]) -> dict[str, Any]:
         """Resumed by the trigger: at a boundary, on a preemption or at the job's end."""
         saved = self._store(context).get(STATE_KEY)
         if not saved:
@@ -225,25 +264,22 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
     def on_kill(self) -> None:
         """End every instance of the job (checkpoints stay); a deferred task's trigger does the same."""
         if self._running is not None:
-            env, training = self._running
-            self.log.info("killed: releasing every instance of %s", training.job_id)
-            env.backend.release(training)
+            self.log.info("killed: releasing every instance of %s", self._running.training.job_id)
+            self._running.release()
 
-    def _resume(self, context: Any, saved: Mapping[str, Any], reattach: bool) -> dict[str, Any]:
+    def _resume(self, context: Context, saved: Mapping[str, Any], reattach: bool) -> dict[str, Any]:
         """Go on with the saved run, its job and its backend, whatever the parameters say now.
 
-        ``reattach``: a new try of the task, after a failure (which released the instances) or a
-        worker that died (which left them running): the current slot's decision is applied again.
+        ``reattach``: a new try of the task (see :meth:`RunDriver.step`).
         """
         spec = BackendSpec.from_dict(saved["backend"])
-        env = build_environment(spec, self.slot_hours, self.market_source)
-        run, training = OnlineRun.from_state(saved["run"]), TrainingJob.from_dict(saved["job"])
-        self._known_failures = int(saved.get("known_failures", 0))
-        return self._guarded(context, spec, env, run, training, reattach)
+        env = build_environment(spec, self.slot_hours, self._market_source())
+        driver = RunDriver.from_state(env, saved, self._persist(context, spec))
+        return self._drive(context, spec, driver, reattach)
 
     # -- starting ------------------------------------------------------------------------------
 
-    def _start(self, context: Any, env: SpotEnvironment) -> tuple[OnlineRun, TrainingJob]:
+    def _start(self, context: Context, spec: BackendSpec, env: SpotEnvironment) -> RunDriver:
         """Every check before anything launches: job, pools, policy, budget, training command."""
         ti = context["ti"]
         job_id = job_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index if ti.map_index is not None else -1)
@@ -258,30 +294,33 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
             policy=self.policy,
             policy_params=dict(self.policy_params or {}),
             forecaster=self.forecaster,
-            budget=self.budget,
+            budget=None if self.budget is None else rendered_number("budget", self.budget),
             seconds_per_slot=env.seconds_per_slot,
         )
         learnt = None
         if self.policy == "selector":
             learnt = selector_state(Variable.get(self.selector_state_variable, default=None, deserialize_json=True))
-        run = OnlineRun.start(config, env.market.history(now), now, learnt)
-        checkpoint_uri = self.checkpoint_uri or (env.default_checkpoint_uri(job_id) if env.default_checkpoint_uri else None)
-        if not checkpoint_uri:
-            raise JobError(f"checkpoint_uri is required with backend={self.backend!r}: give an s3:// or gs:// location")
-        training = TrainingJob(job_id, self._command(checkpoint_uri), checkpoint_uri, run.config.pools)
-        self._write_config(checkpoint_uri)
-        return run, training
+        driver = RunDriver.start(env, config, self._command, self.checkpoint_uri, self._persist(context, spec), learnt)
+        if self.training_config is not None:
+            write_config(driver.training.checkpoint_uri, self.training_config)
+        return driver
 
     def _job(self, now: datetime, seconds_per_slot: float) -> Job:
-        if not isinstance(self.throughput, Mapping) or "alpha" not in self.throughput:
+        throughput = self.throughput
+        if isinstance(throughput, str):  # a template rendered to JSON text
+            try:
+                throughput = json.loads(throughput)
+            except json.JSONDecodeError:
+                throughput = None
+        if not isinstance(throughput, Mapping) or "alpha" not in throughput:
             raise JobError(f'throughput must be {{"alpha": samples/hour per instance, "beta": ...}}, got {self.throughput!r}')
         return Job(
             work=self._work(),
             deadline_hours=self._deadline_hours(now, seconds_per_slot),
-            max_instances=self.max_instances,
-            min_instances=self.min_instances,
-            throughput=Throughput(float(self.throughput["alpha"]), float(self.throughput.get("beta", 0.0))),
-            value=float(self.value),
+            max_instances=rendered_number("max_instances", self.max_instances, integer=True),
+            min_instances=rendered_number("min_instances", self.min_instances, integer=True),
+            throughput=Throughput(float(throughput["alpha"]), float(throughput.get("beta", 0.0))),
+            value=float(rendered_number("value", self.value)),
             hard_deadline_factor=float(self.hard_deadline_factor),
             reconfig_overhead_hours=float(self.reconfig_overhead_hours),
             slot_hours=float(self.slot_hours),
@@ -291,11 +330,12 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         """``work``, or ``steps * batch_size``, or the training config's samples; they must agree."""
         given = []
         if self.work is not None:
-            given.append(("work", float(self.work)))
+            given.append(("work", float(rendered_number("work", self.work))))
         if self.steps is not None or self.batch_size is not None:
             if self.steps is None or self.batch_size is None:
                 raise JobError("steps and batch_size go together: work = steps * batch_size (global batch)")
-            given.append(("steps * batch_size", float(self.steps) * float(self.batch_size)))
+            steps, batch_size = rendered_number("steps", self.steps), rendered_number("batch_size", self.batch_size)
+            given.append(("steps * batch_size", float(steps) * float(batch_size)))
         if self.training_config is not None:
             from airflow_provider_spotsched.runtime.config import TrainConfig
 
@@ -329,6 +369,12 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
             return hours
         raise JobError(f"deadline must be hours, a timedelta or a UTC timestamp, got {self.deadline!r}")
 
+    def _market_source(self) -> MarketSource | None:
+        """The (rendered) market source: a live source as given, or the spec its dict describes."""
+        if self.market_source is None or isinstance(self.market_source, MarketSource):
+            return self.market_source
+        return MarketSpec.coerce(self.market_source)
+
     def _check_regions(self) -> None:
         if self.regions:
             outside = [p for p in self.pools if not any(p.startswith(r) for r in self.regions)]
@@ -343,18 +389,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
             return tuple(command)
         if self.training_config is None:
             raise JobError("give training_config (the runtime's CONFIG) or a training command")
-        python = sys.executable if self.backend == "local" else "python3"
-        return (
-            python, "-m", "airflow_provider_spotsched.runtime",
-            "--config", f"{checkpoint_uri.rstrip('/')}/{CONFIG_FILE}",
-            "--checkpoint-uri", checkpoint_uri,
-        )
-
-    def _write_config(self, checkpoint_uri: str) -> None:
-        if self.training_config is None:
-            return
-        with fsspec.open(f"{checkpoint_uri.rstrip('/')}/{CONFIG_FILE}", "w", auto_mkdir=True) as handle:
-            json.dump(dict(self.training_config), handle, indent=1, sort_keys=True)
+        return runtime_command(checkpoint_uri, sys.executable if self.backend == "local" else "python3")
 
     def _backend_spec(self) -> BackendSpec:
         """The backend and its options; a cloud pool defaults to the zone of its name."""
@@ -368,87 +403,29 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
 
     # -- the slot loop -------------------------------------------------------------------------
 
-    def _guarded(self, context: Any, spec: BackendSpec, env: SpotEnvironment, run: OnlineRun, training: TrainingJob,
-                 reattach: bool) -> dict[str, Any]:
-        """One step of the loop; any failure releases every instance of the job."""
-        self._running = (env, training)
-        try:
-            return self._step(context, spec, env, run, training, reattach)
-        except Exception:  # a deferral (TaskDeferred) is a BaseException and passes through
-            self.log.error("releasing every instance of %s after a failure (checkpoints stay)", training.job_id)
-            env.backend.release(training)
-            raise
+    def _drive(self, context: Context, spec: BackendSpec, driver: RunDriver, reattach: bool) -> dict[str, Any]:
+        """Step the run; between steps defer to the trigger, or without a triggerer wait here."""
+        self._running = driver
+        if not self.deferrable:
+            run = driver.run_to_completion(reattach, self.poll_interval, lambda run: self._push_log(context, run))
+            return self._finish(context, run)
+        step = driver.step(reattach)
+        self._push_log(context, driver.run)
+        if isinstance(step, Finished):
+            return self._finish(context, step.run)
+        self.defer(trigger=self._trigger(spec, driver, step), method_name="execute_slot")
 
-    def _step(self, context: Any, spec: BackendSpec, env: SpotEnvironment, run: OnlineRun, training: TrainingJob,
-              reattach: bool) -> dict[str, Any]:
-        status = env.backend.status(training)
-        if status.finished or run.completion_hours is not None:
-            return self._finish(context, spec, env, run, training, status)
-        failures = status.count(InstanceState.FAILED)
-        if reattach:  # a new try starts a failed training again, from its checkpoint
-            self._known_failures = failures
-        elif failures > self._known_failures:
-            failed = [i for i in status.instances if i.state is InstanceState.FAILED]
-            details = "; ".join(f"{i.instance_id} ({i.pool}): {i.detail}" for i in failed)
-            raise TrainingFailedError(f"training of {training.job_id} failed: {details}")
-        now = datetime.now(timezone.utc)
-        if not run.records:
-            status = self._decide(context, spec, env, run, training, now, status.preemptions)
-        elif run.records[-1].applied is None or (reattach and run.slot == self._slot_at(run, now)):
-            # a previous try decided and stopped before the backend acted, or released what it had
-            status = self._apply(context, spec, env, run, training, allocation_from_dict(run.records[-1].allocation, run.config.pools))
-        while run.slot < self._slot_at(run, now):
-            run.observe(*env.market.row(run.slot + 1, run.config.pools, now))
-            status = self._decide(context, spec, env, run, training, now, status.preemptions)
-        run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
-        self._save(context, spec, run, training)
-        self._push_log(context, run)
-        seconds_per_slot = run.config.wall_seconds_per_slot
-        boundary = run.started + timedelta(seconds=(run.slot + 1) * seconds_per_slot)
-        self.defer(
-            trigger=SpotJobTrigger(
-                backend=spec.to_dict(),
-                job=training.to_dict(),
-                boundary=boundary.isoformat(),
-                poll_interval=self.poll_interval or min(max(seconds_per_slot / 10.0, 0.2), 60.0),
-                known_preemptions=status.preemptions,
-                known_failures=self._known_failures,
-            ),
-            method_name="execute_slot",
+    def _trigger(self, spec: BackendSpec, driver: RunDriver, wait: Wait) -> SpotJobTrigger:
+        return SpotJobTrigger(
+            backend=spec.to_dict(),
+            job=driver.training.to_dict(),
+            boundary=wait.boundary.isoformat(),
+            poll_interval=self.poll_interval or wait.poll_interval,
+            known_preemptions=wait.known_preemptions,
+            known_failures=wait.known_failures,
         )
 
-    def _decide(self, context: Any, spec: BackendSpec, env: SpotEnvironment, run: OnlineRun, training: TrainingJob,
-                now: datetime, preemptions: int) -> JobStatus:
-        """Decide this slot, record the decision durably, then make the backend run it."""
-        record = run.decide(read_work_done(training.checkpoint_uri), now, preemptions)
-        self.log.info("slot %d: %s (cost so far %.2f USD)", record.slot, record.allocation, record.cost_so_far)
-        self._save(context, spec, run, training)
-        return self._apply(context, spec, env, run, training, allocation_from_dict(record.allocation, run.config.pools))
-
-    def _apply(self, context: Any, spec: BackendSpec, env: SpotEnvironment, run: OnlineRun, training: TrainingJob,
-               target: Allocation) -> JobStatus:
-        try:
-            status = env.backend.reconcile(training, target)
-        except InsufficientCapacityError as error:  # nothing could start: the slot runs (and bills) nothing
-            self.log.warning("slot %d: %s", run.slot, error)
-            status = env.backend.status(training)
-        active = status.active(run.config.pools)  # instances winding down (notice, scale-down) are not the target's
-        run.applied(Allocation(tuple(map(min, target.spot, active.spot)), min(target.on_demand, active.on_demand)))
-        start = env.clock_start(training)
-        if start is not None:  # slot k begins when the backend's replay enters its slot k
-            run.started = datetime.fromtimestamp(start, timezone.utc)
-        self._save(context, spec, run, training)
-        return status
-
-    def _finish(self, context: Any, spec: BackendSpec, env: SpotEnvironment, run: OnlineRun, training: TrainingJob,
-                status: JobStatus) -> dict[str, Any]:
-        if run.completion_hours is None:
-            slot_start = run.slot * run.config.job.slot_hours
-            hours = run.hours_at(read_finished_at(training.checkpoint_uri) or datetime.now(timezone.utc))
-            run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
-            run.complete(min(max(hours, slot_start), slot_start + run.config.job.slot_hours))
-            self._save(context, spec, run, training)
-        env.backend.release(training)
+    def _finish(self, context: Context, run: OnlineRun) -> dict[str, Any]:
         if run.member is not None:
             document = store_round(
                 lambda: Variable.get(self.selector_state_variable, default=None, deserialize_json=True),
@@ -456,7 +433,6 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
                 run,
             )
             self.log.info("selector round stored in Variable %s: %s", self.selector_state_variable, document["last_round"])
-        self._push_log(context, run)
         result = run.result()
         self.log.info("done: %s", json.dumps(result))
         return result
@@ -464,44 +440,17 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
     # -- state ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _store(context: Any) -> Any:
+    def _store(context: Context) -> Any:
         store = context.get("task_state_store")
         if store is None:
             raise AirflowException("task_state_store is missing from the context: this operator needs Airflow >= 3.3")
         return store
 
-    def _save(self, context: Any, spec: BackendSpec, run: OnlineRun, training: TrainingJob) -> None:
-        state = {"run": run.to_state(), "job": training.to_dict(), "backend": spec.to_dict(),
-                 "known_failures": self._known_failures}
-        self._store(context).set(STATE_KEY, state)
+    def _persist(self, context: Context, spec: BackendSpec) -> Callable[[dict[str, Any]], None]:
+        """Where the driver's state goes: the task's state store, with the backend to rebuild."""
+        store = self._store(context)
+        return lambda state: store.set(STATE_KEY, {**state, "backend": spec.to_dict()})
 
     @staticmethod
-    def _push_log(context: Any, run: OnlineRun) -> None:
+    def _push_log(context: Context, run: OnlineRun) -> None:
         context["ti"].xcom_push(key="decision_log", value=run.decision_log())
-
-    @staticmethod
-    def _slot_at(run: OnlineRun, now: datetime) -> int:
-        """The slot in force at ``now`` on the run's clock."""
-        return max(int(math.floor(run.hours_at(now) / run.config.job.slot_hours + SLOT_EPSILON)), 0)
-
-
-def _read_progress(checkpoint_uri: str) -> dict[str, Any]:
-    """The runtime's ``progress.json`` (empty before its first checkpoint)."""
-    try:
-        with fsspec.open(f"{checkpoint_uri.rstrip('/')}/{PROGRESS_FILE}", "r") as handle:
-            return json.load(handle)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
-def read_work_done(checkpoint_uri: str) -> float:
-    """Samples the runtime has checkpointed (work that survives a preemption)."""
-    return float(_read_progress(checkpoint_uri).get("samples_done", 0.0))
-
-
-def read_finished_at(checkpoint_uri: str) -> datetime | None:
-    """When the runtime wrote its final progress (``status: done``), if it says."""
-    progress = _read_progress(checkpoint_uri)
-    if progress.get("status") != "done" or not progress.get("updated"):
-        return None
-    return datetime.fromisoformat(str(progress["updated"]).replace("Z", "+00:00"))

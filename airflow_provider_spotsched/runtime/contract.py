@@ -9,6 +9,7 @@ transformers or Airflow installed.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any, Mapping
@@ -92,3 +93,22 @@ def read_work_done(checkpoint_uri: str) -> float:
 def read_finished_at(checkpoint_uri: str) -> datetime | None:
     """When the runtime wrote its final progress (``status: done``), if it says."""
     return read_progress(checkpoint_uri).finished_at
+
+
+def runtime_command(checkpoint_uri: str, python: str = sys.executable) -> tuple[str, ...]:
+    """The runtime's own entry point for a job that checkpoints at ``checkpoint_uri``.
+
+    Its config is :data:`CONFIG_FILE` beside the checkpoints (see :func:`write_config`), so every
+    instance reads the same one wherever it lands. ``python``: the interpreter on the instance.
+    """
+    return (
+        python, "-m", "airflow_provider_spotsched.runtime",
+        "--config", f"{checkpoint_uri.rstrip('/')}/{CONFIG_FILE}",
+        "--checkpoint-uri", checkpoint_uri,
+    )
+
+
+def write_config(checkpoint_uri: str, config: Mapping[str, Any]) -> None:
+    """Write the runtime's training config where :func:`runtime_command` tells it to look."""
+    with fsspec.open(f"{checkpoint_uri.rstrip('/')}/{CONFIG_FILE}", "w", auto_mkdir=True) as handle:
+        json.dump(dict(config), handle, indent=1, sort_keys=True)

@@ -18,9 +18,8 @@ from typing import Any, AsyncIterator, Mapping
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_spotsched.backends.base import InstanceState, JobStatus, TrainingJob
-
-BOUNDARY, PREEMPTED, FINISHED, FAILED = "boundary", "preempted", "finished", "failed"
+from airflow_provider_spotsched.backends.base import TrainingJob
+from airflow_provider_spotsched.execution.wake import wake_reason
 
 
 class SpotJobTrigger(BaseTrigger):
@@ -76,23 +75,11 @@ class SpotJobTrigger(BaseTrigger):
         while True:
             status = await asyncio.to_thread(backend.status, job)
             now = datetime.now(timezone.utc)
-            reason = self.reason(status, now, boundary)
+            reason = wake_reason(status, now, boundary, self.known_preemptions, self.known_failures)
             if reason is not None:
                 yield TriggerEvent({"reason": reason, "time": now.isoformat(), "status": status.to_dict()})
                 return
             await asyncio.sleep(max(min(self.poll_interval, (boundary - now).total_seconds()), 0.0))
-
-    def reason(self, status: JobStatus, now: datetime, boundary: datetime) -> str | None:
-        """Why the run must act now, or ``None`` to keep waiting (the job's end comes first)."""
-        if status.finished:
-            return FINISHED
-        if status.count(InstanceState.FAILED) > self.known_failures:
-            return FAILED
-        if status.preemptions > self.known_preemptions:
-            return PREEMPTED
-        if now >= boundary:
-            return BOUNDARY
-        return None
 
     async def on_kill(self) -> None:
         """The user killed the deferred task (mark failed, clear): end every instance of the job."""

@@ -1,0 +1,230 @@
+"""The slot loop of a real run: decide, make the backend run it, bill it, and say when to come back.
+
+A :class:`RunDriver` owns one :class:`~airflow_provider_spotsched.scheduling.online.OnlineRun`
+(the decisions and the bill), the :class:`TrainingJob` it runs and the
+:class:`~airflow_provider_spotsched.execution.environment.SpotEnvironment` it runs on. Each
+:meth:`RunDriver.step` does whatever is due now and returns either :class:`Wait` (come back at
+the next slot boundary, or earlier on a preemption, a failure or the job's end) or
+:class:`Finished`. The caller only keeps the state between steps and waits: the Airflow operator
+defers to a trigger; without a triggerer, and on the command line, :meth:`RunDriver.run_to_completion`
+waits in-process.
+
+The rules a caller must not have to know:
+
+- **catch-up**: a step late by several slots observes and decides every slot it missed, in
+  order, so the bill and the decision log have one entry per slot;
+- **durable before acting**: the state is handed to ``persist`` after every decision and before
+  the backend acts on it, so a restarted caller re-attaches to the same job (nothing launched
+  twice) and bills no slot twice;
+- **what is billed is what runs**: the applied allocation is the target capped by the instances
+  the backend reports pending or running (a short pool or a preemption bills less);
+- **completion** is the runtime's own finish time (``progress.json``), clamped to the slot it
+  was seen in;
+- **failures**: an instance failed in this try fails the run with its detail; a new try
+  (``reattach``) restarts a failed training from its checkpoint;
+- any exception releases every instance of the job (checkpoints stay).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Mapping, Sequence
+
+from airflow_provider_spotsched.backends.base import InstanceState, InsufficientCapacityError, JobStatus, TrainingJob
+from airflow_provider_spotsched.execution.environment import SpotEnvironment
+from airflow_provider_spotsched.execution.wake import Wait, wait_for_wake
+from airflow_provider_spotsched.runtime.contract import read_finished_at, read_work_done
+from airflow_provider_spotsched.scheduling.model import Allocation, JobError
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
+
+SLOT_EPSILON = 1e-6
+log = logging.getLogger(__name__)
+
+
+class TrainingFailedError(RuntimeError):
+    """The training command failed on an instance; its detail (stderr tail) is in the message."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The job completed (or had completed when the step began); every instance is released."""
+
+    run: OnlineRun
+
+
+Persist = Callable[[dict[str, Any]], None]
+
+
+class RunDriver:
+    """One run on one environment, one step at a time (see the module docstring).
+
+    :param env: the backend, market feed and clock.
+    :param run: the decisions and the bill so far.
+    :param training: what every instance runs.
+    :param persist: called with :meth:`to_state` whenever the state must survive a restart.
+    :param known_failures: failed instances of earlier tries, which this try does not count.
+    """
+
+    def __init__(
+        self,
+        env: SpotEnvironment,
+        run: OnlineRun,
+        training: TrainingJob,
+        persist: Persist,
+        known_failures: int = 0,
+    ) -> None:
+        self.env, self.run, self.training, self.persist = env, run, training, persist
+        self.known_failures = known_failures
+
+    @classmethod
+    def start(
+        cls,
+        env: SpotEnvironment,
+        config: RunConfig,
+        command_for: Callable[[str], Sequence[str]],
+        checkpoint_uri: str | None,
+        persist: Persist,
+        selector_state: Mapping[str, Any] | None = None,
+    ) -> "RunDriver":
+        """A new run: the job checked against the market and the budget, nothing launched yet.
+
+        :param command_for: the training command for a checkpoint location.
+        :param checkpoint_uri: where the runtime checkpoints (``None``: the backend's default).
+        :param selector_state: the selector's learnt state, when the policy is the selector.
+        """
+        now = datetime.now(timezone.utc)
+        run = OnlineRun.start(config, env.market.history(now), now, selector_state)
+        if checkpoint_uri is None and env.default_checkpoint_uri is not None:
+            checkpoint_uri = env.default_checkpoint_uri(config.job_id)
+        if not checkpoint_uri:
+            raise JobError(
+                f"checkpoint_uri is required with backend={env.backend.name!r}: give an s3:// or gs:// location"
+            )
+        training = TrainingJob(config.job_id, tuple(command_for(checkpoint_uri)), checkpoint_uri, run.config.pools)
+        return cls(env, run, training, persist)
+
+    # -- state ----------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        return {"run": self.run.to_state(), "job": self.training.to_dict(), "known_failures": self.known_failures}
+
+    @classmethod
+    def from_state(cls, env: SpotEnvironment, state: Mapping[str, Any], persist: Persist) -> "RunDriver":
+        return cls(
+            env,
+            OnlineRun.from_state(state["run"]),
+            TrainingJob.from_dict(state["job"]),
+            persist,
+            int(state.get("known_failures", 0)),
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def step(self, reattach: bool = False) -> Wait | Finished:
+        """Do what is due now; any failure releases every instance of the job.
+
+        ``reattach``: a new try of the caller, after a failure (which released the instances) or
+        a caller that died (which left them running): the current slot's decision is applied again.
+        """
+        try:
+            return self._step(reattach)
+        except Exception:
+            log.error("releasing every instance of %s after a failure (checkpoints stay)", self.training.job_id)
+            self.release()
+            raise
+
+    def run_to_completion(
+        self, reattach: bool = False, poll_interval: float | None = None, on_step: Callable[[OnlineRun], None] | None = None
+    ) -> OnlineRun:
+        """Step until the job is done, waiting in this process between steps (no triggerer).
+
+        ``on_step`` sees the run after every step (to publish its decision log). An interrupt
+        (Ctrl-C, a kill that raises) releases every instance before it propagates.
+        """
+        try:
+            while True:
+                step = self.step(reattach)
+                if on_step is not None:
+                    on_step(self.run)
+                if isinstance(step, Finished):
+                    return step.run
+                wait_for_wake(self.env.backend, self.training, step, poll_interval)
+                reattach = False
+        except KeyboardInterrupt:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """End every instance of the job (checkpoints stay); safe to call again."""
+        self.env.backend.release(self.training)
+
+    def _step(self, reattach: bool) -> Wait | Finished:
+        run = self.run
+        status = self.env.backend.status(self.training)
+        if status.finished or run.completion_hours is not None:
+            return self._finish(status)
+        failures = status.count(InstanceState.FAILED)
+        if reattach:
+            self.known_failures = failures
+        elif failures > self.known_failures:
+            failed = [i for i in status.instances if i.state is InstanceState.FAILED]
+            details = "; ".join(f"{i.instance_id} ({i.pool}): {i.detail}" for i in failed)
+            raise TrainingFailedError(f"training of {self.training.job_id} failed: {details}")
+        now = datetime.now(timezone.utc)
+        if not run.records:
+            status = self._decide(now, status.preemptions)
+        elif run.records[-1].applied is None or (reattach and run.slot == self.slot_at(now)):
+            # a previous step decided and stopped before the backend acted, or released what it had
+            status = self._apply(allocation_from_dict(run.records[-1].allocation, run.config.pools))
+        while run.slot < self.slot_at(now):
+            run.observe(*self.env.market.row(run.slot + 1, run.config.pools, now))
+            status = self._decide(now, status.preemptions)
+        run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
+        self.persist(self.to_state())
+        seconds_per_slot = run.config.wall_seconds_per_slot
+        return Wait(
+            boundary=run.started + timedelta(seconds=(run.slot + 1) * seconds_per_slot),
+            known_preemptions=status.preemptions,
+            known_failures=self.known_failures,
+            poll_interval=min(max(seconds_per_slot / 10.0, 0.2), 60.0),
+        )
+
+    def _decide(self, now: datetime, preemptions: int) -> JobStatus:
+        """Decide this slot, record the decision durably, then make the backend run it."""
+        record = self.run.decide(read_work_done(self.training.checkpoint_uri), now, preemptions)
+        log.info("slot %d: %s (cost so far %.2f USD)", record.slot, record.allocation, record.cost_so_far)
+        self.persist(self.to_state())
+        return self._apply(allocation_from_dict(record.allocation, self.run.config.pools))
+
+    def _apply(self, target: Allocation) -> JobStatus:
+        run, backend = self.run, self.env.backend
+        try:
+            status = backend.reconcile(self.training, target)
+        except InsufficientCapacityError as error:  # nothing could start: the slot runs (and bills) nothing
+            log.warning("slot %d: %s", run.slot, error)
+            status = backend.status(self.training)
+        active = status.active(run.config.pools)  # instances winding down (notice, scale-down) are not the target's
+        run.applied(Allocation(tuple(map(min, target.spot, active.spot)), min(target.on_demand, active.on_demand)))
+        start = self.env.clock_start(self.training)
+        if start is not None:  # slot k begins when the backend's replay enters its slot k
+            run.started = datetime.fromtimestamp(start, timezone.utc)
+        self.persist(self.to_state())
+        return status
+
+    def _finish(self, status: JobStatus) -> Finished:
+        run = self.run
+        if run.completion_hours is None:
+            slot_start = run.slot * run.config.job.slot_hours
+            hours = run.hours_at(read_finished_at(self.training.checkpoint_uri) or datetime.now(timezone.utc))
+            run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
+            run.complete(min(max(hours, slot_start), slot_start + run.config.job.slot_hours))
+            self.persist(self.to_state())
+        self.release()
+        return Finished(run)
+
+    def slot_at(self, now: datetime) -> int:
+        """The slot in force at ``now`` on the run's clock."""
+        return max(int(math.floor(self.run.hours_at(now) / self.run.config.job.slot_hours + SLOT_EPSILON)), 0)
