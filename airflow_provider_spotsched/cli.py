@@ -211,8 +211,8 @@ def _start_run(
         config = RunConfig(job_id=job_id, job=job, pools=tuple(pools), policy=args.policy, policy_params=params,
                            forecaster=args.forecaster, seconds_per_slot=env.seconds_per_slot)
         learnt = selector_state(_read_json(selector_file)) if args.policy == "selector" else None
-        if args.command:
-            command = shlex.split(args.command)
+        if args.training_command:
+            command = shlex.split(args.training_command)
             driver = RunDriver.start(env, config, lambda uri: command, args.checkpoint_uri, persist, learnt)
         else:
             training_config = _read_json(args.training_config)
@@ -406,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--job", type=Path, required=True, help="job JSON file, the spec's format")
     training = run.add_mutually_exclusive_group(required=True)
     training.add_argument("--training-config", type=Path, help="the runtime's CONFIG JSON (LoRA fine-tune)")
-    training.add_argument("--command", help="a training command that follows the runtime's contract instead")
+    training.add_argument("--command", dest="training_command",
+                          help="a training command that follows the runtime's contract instead")
     run.add_argument("--workdir", type=Path, required=True, help="job directories, checkpoints, run state")
     run.add_argument("--trace", default="gcp", help='"gcp", "aws" (the shipped traces) or a trace file (default gcp)')
     run.add_argument("--seconds-per-slot", type=float, default=DEFAULT_SECONDS_PER_SLOT,

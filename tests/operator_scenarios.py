@@ -63,6 +63,7 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2025, 1, 1), catchup=Fal
         policy="uniform-progress",
         forecaster="seasonal-naive",
         poll_interval=0.5,
+        deferrable=True,
     )
 '''
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,8 +26,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_provider_spotsched.backends.base import InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.hooks.backend_factory import ConnectionMissingError
-from airflow_provider_spotsched.hooks.local import LocalSpotHook
 from airflow_provider_spotsched.execution.driver import TrainingFailedError
+from airflow_provider_spotsched.hooks.local import LocalSpotHook
 from airflow_provider_spotsched.operators.fine_tune import (
     STATE_KEY,
     DeadlineSpotFineTuneOperator,
@@ -249,3 +251,60 @@ def test_job_id_is_stable_and_a_valid_cloud_label():
     assert job_id == job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-01T00:00:00+00:00")
     assert job_id != job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-02T00:00:00+00:00")
     assert len(job_id) <= 63 and all(c.islower() or c.isdigit() or c == "-" for c in job_id)
+
+
+def test_without_a_triggerer_the_operator_runs_the_job_in_the_worker(tmp_path):
+    """deferrable=False: the same driver, waiting in-process; the result and the log as deferred."""
+    context = TaskContext(TaskStateStore())
+    result = operator(tmp_path, deferrable=False).execute(context)  # no TaskDeferred: it returns
+    log = context["ti"].xcoms["decision_log"]
+    assert result["deadline_met"] and result["slots"] == len(log)
+    assert [r["slot"] for r in log] == list(range(len(log)))
+    assert result["cost"] == pytest.approx(billed(log, result))
+    job = TrainingJob.from_dict(context["task_state_store"].get(STATE_KEY)["job"])
+    assert nothing_left(tmp_path, job.job_id)
+
+
+@pytest.mark.parametrize("setting", ["true", "false"])
+def test_deferrable_defaults_to_airflows_operators_setting(setting):
+    code = (
+        "from airflow_provider_spotsched.operators.fine_tune import DeadlineSpotFineTuneOperator as Op; "
+        "print(Op(task_id='t', pools=['a'], deadline=6.0, throughput={'alpha': 60.0}, value=1.0, work=1).deferrable)"
+    )
+    env = {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": setting}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip().splitlines()[-1] == str(setting == "true")
+
+
+def test_the_jobs_size_counts_and_market_render_from_upstream_xcom(tmp_path):
+    """Templated as a DAG would pass them: text from XCom, turned into numbers before the job is built."""
+    from jinja2 import Environment
+
+    class Upstream:
+        def xcom_pull(self, task_ids: str) -> Any:
+            return {"sizing": {"n": 2, "samples": 160, "alpha": 60.0}}[task_ids]
+
+    op = operator(
+        tmp_path,
+        max_instances="{{ ti.xcom_pull(task_ids='sizing')['n'] }}",
+        work="{{ ti.xcom_pull(task_ids='sizing')['samples'] }}",
+        throughput={"alpha": "{{ ti.xcom_pull(task_ids='sizing')['alpha'] }}"},
+        value="{{ 50 * 2 }}",
+    )
+    for name in ("max_instances", "work", "throughput", "value", "market_source", "instance_type"):
+        assert name in op.template_fields
+    op.render_template_fields({"ti": Upstream()}, jinja_env=Environment())
+    assert op.max_instances == "2" and op.work == "160"
+    context = TaskContext(TaskStateStore())
+    deferred = start(op, context)
+    job = context["task_state_store"].get(STATE_KEY)["run"]["config"]["job"]
+    assert (job["max_instances"], job["work"], job["throughput"]["alpha"], job["value"]) == (2, 160.0, 60.0, 100.0)
+    drive(op, context, deferred)
+
+
+def test_a_template_that_renders_to_no_number_is_refused_before_launching(tmp_path):
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=r"max_instances='two' is not an integer"):
+        operator(tmp_path, max_instances="two").execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None
+    assert not (tmp_path / "local" / "jobs").exists() or not any((tmp_path / "local" / "jobs").iterdir())

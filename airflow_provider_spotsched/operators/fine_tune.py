@@ -232,8 +232,8 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
             "spotsched", "selector_state_variable", fallback=DEFAULT_SELECTOR_VARIABLE
         )
         self.forecaster = forecaster or default_forecaster()
-        if poll_interval is None:
-            poll_interval = conf.getfloat("spotsched", "default_poll_interval", fallback=None)
+        if poll_interval is None and (configured := conf.get("spotsched", "default_poll_interval", fallback="")):
+            poll_interval = float(configured)
         if poll_interval is not None and not (isinstance(poll_interval, (int, float)) and 0 < poll_interval < math.inf):
             raise ValueError(f"poll_interval must be a number of seconds > 0, got {poll_interval!r}")
         self.poll_interval = poll_interval

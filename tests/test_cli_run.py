@@ -1,0 +1,66 @@
+"""``spotsched run``: the driver on the command line, a real local run to its end, no Airflow.
+
+The workers are tests/fake_worker.py (the runtime's contract in milliseconds) on the replayed
+GCP trace; a second call with the same job re-attaches to the run's state instead of launching.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from airflow_provider_spotsched.backends.local_processes import marked
+from airflow_provider_spotsched.cli import main
+
+FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
+MARKET_START = "2025-10-11T03:10:00Z"
+
+
+def write_job(tmp_path: Path) -> Path:
+    job = tmp_path / "small-job.json"
+    job.write_text(json.dumps({"work": 160, "deadline_hours": 6, "max_instances": 2, "throughput": {"alpha": 60, "beta": 0},
+                               "value": 100, "hard_deadline_factor": 1.5, "reconfig_overhead_hours": 0.2}))
+    return job
+
+
+def run_args(tmp_path: Path, job: Path, *extra: str) -> list[str]:
+    worker = tmp_path / "worker.json"
+    worker.write_text(json.dumps({"samples": 160, "step_s": 0.05}))
+    command = f"{sys.executable} {FAKE_WORKER} --config {worker} --checkpoint-uri {tmp_path / 'checkpoint'}"
+    return ["run", "--job", str(job), "--command", command, "--checkpoint-uri", str(tmp_path / "checkpoint"),
+            "--workdir", str(tmp_path / "work"), "--seconds-per-slot", "2", "--market-start", MARKET_START,
+            "--pools", "us-east4-a,europe-west1-c", *extra]
+
+
+def test_run_drives_a_job_to_its_end_and_a_rerun_re_attaches(tmp_path, capsys):
+    job = write_job(tmp_path)
+    out = tmp_path / "result.json"
+    assert main(run_args(tmp_path, job, "--policy", "uniform-progress", "--out", str(out))) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["deadline_met"] and result["completion_hours"] is not None
+    assert [r["slot"] for r in result["decision_log"]] == list(range(result["slots"]))
+    assert "slot 0:" in printed and "deadline met" in printed
+    assert (tmp_path / "work" / "runs" / "small-job.json").exists(), "the run's state is kept for a rerun"
+    assert not marked(str(tmp_path / "work" / "jobs" / "small-job"))
+
+    assert main(run_args(tmp_path, job, "--policy", "uniform-progress", "--out", str(out))) == 0
+    again = capsys.readouterr().out
+    assert "re-attaching to job small-job" in again
+    assert json.loads(out.read_text())["cost"] == result["cost"], "a finished run is not run or billed again"
+
+
+def test_the_selector_learns_across_runs_in_its_state_file(tmp_path, capsys):
+    job = write_job(tmp_path)
+    assert main(run_args(tmp_path, job, "--job-id", "first")) == 0
+    state = json.loads((tmp_path / "work" / "selector.json").read_text())
+    assert state["runs"] == ["first"] and state["last_round"]["job_id"] == "first"
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    job = write_job(tmp_path)
+    assert main(run_args(tmp_path, job, "--pools", "nowhere-1a")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spotsched run: error: unknown pool(s) ['nowhere-1a']") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "work" / "runs").exists(), "nothing was started"

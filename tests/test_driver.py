@@ -1,0 +1,111 @@
+"""The run driver on its own, with no Airflow in the process: a real local run to its end.
+
+The backend is the real local one on the replayed GCP trace, the workers tests/fake_worker.py
+(the runtime's contract in milliseconds). The same driver runs under the operator
+(tests/test_operator.py) and ``spotsched run`` (tests/test_cli_run.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_spotsched.backends.base import InstanceState
+from airflow_provider_spotsched.backends.local_processes import marked
+from airflow_provider_spotsched.backends.local_settings import LocalReplaySettings
+from airflow_provider_spotsched.execution.driver import Finished, RunDriver
+from airflow_provider_spotsched.execution.environment import local_environment
+from airflow_provider_spotsched.execution.wake import Wait
+from airflow_provider_spotsched.scheduling.model import Job, Throughput
+from airflow_provider_spotsched.scheduling.online import RunConfig
+
+FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
+POOLS = ("us-east4-a", "europe-west1-c")
+MARKET_START = "2025-10-11T03:10:00Z"  # us-east4-a loses its capacity in slot 2
+
+
+def make_driver(tmp_path: Path, saved: list[dict[str, Any]], samples: int = 160, step_s: float = 0.05) -> RunDriver:
+    settings = LocalReplaySettings.from_extra(
+        {"workdir": str(tmp_path / "local"), "seconds_per_slot": 2.0, "market_start": MARKET_START}, "test"
+    )
+    env = local_environment(settings, 1.0)
+    job = Job(work=samples, deadline_hours=6.0, max_instances=2, throughput=Throughput(60.0, 0.0), value=100.0,
+              hard_deadline_factor=1.5, reconfig_overhead_hours=0.2)
+    config = RunConfig("driver-test", job, POOLS, policy="uniform-progress", forecaster="persistence",
+                       seconds_per_slot=env.seconds_per_slot)
+    worker = tmp_path / "worker.json"
+    worker.write_text(json.dumps({"samples": samples, "step_s": step_s}))
+
+    def command(uri: str) -> list[str]:
+        return [sys.executable, str(FAKE_WORKER), "--config", str(worker), "--checkpoint-uri", uri]
+
+    return RunDriver.start(env, config, command, str(tmp_path / "checkpoint"), saved.append)
+
+
+def test_the_driver_runs_a_job_to_its_end_without_airflow(tmp_path):
+    saved: list[dict[str, Any]] = []
+    driver = make_driver(tmp_path, saved)
+    assert not saved, "nothing is decided, persisted or launched before the first step"
+    steps: list[int] = []
+    run = driver.run_to_completion(poll_interval=0.1, on_step=lambda r: steps.append(len(r.records)))
+
+    result = run.result()
+    assert result["completion_hours"] is not None and result["deadline_met"]
+    assert [r.slot for r in run.records] == list(range(len(run.records))), "one decision per slot, catch-up included"
+    assert steps == sorted(steps) and steps[-1] == len(run.records)
+    assert saved[-1]["run"]["completion_hours"] == result["completion_hours"], "the final state was persisted"
+    billed = sum(
+        r.applied["on_demand"] * r.on_demand_price + sum(n * r.market[p]["spot_price"] for p, n in r.applied["spot"].items())
+        for r in run.records[:-1]
+    )
+    assert result["cost"] >= billed - 1e-9, "every slot but the last is billed whole"
+    assert not marked(str(tmp_path / "local" / "jobs" / "driver-test")), "no worker is left running"
+    status = driver.env.backend.status(driver.training)
+    assert all(i.state is not InstanceState.RUNNING for i in status.instances)
+
+
+def test_a_driver_rebuilt_from_its_state_goes_on_with_the_same_job(tmp_path):
+    saved: list[dict[str, Any]] = []
+    first = make_driver(tmp_path, saved, step_s=5.0)  # slow workers: the job is still running
+    step = first.step()
+    assert isinstance(step, Wait) and step.boundary > datetime.now(timezone.utc)
+    launched = [i.instance_id for i in first.env.backend.status(first.training).instances]
+    assert launched, "slot 0 launched its allocation"
+
+    state = json.loads(json.dumps(saved[-1]))  # what a restarted caller reads back
+    again = RunDriver.from_state(first.env, state, saved.append)
+    step = again.step(reattach=True)
+    assert isinstance(step, Wait)
+    assert [i.instance_id for i in again.env.backend.status(again.training).instances] == launched, "nothing launched twice"
+    assert [r.slot for r in again.run.records] == [0], "slot 0 is decided once"
+    again.release()
+    assert not marked(str(tmp_path / "local" / "jobs" / "driver-test"))
+
+
+def test_the_core_driver_imports_without_airflow():
+    code = (
+        "import sys; import airflow_provider_spotsched.execution.driver, airflow_provider_spotsched.cli; "
+        "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_finished_is_returned_once_the_job_is_done(tmp_path):
+    saved: list[dict[str, Any]] = []
+    driver = make_driver(tmp_path, saved)
+    run = driver.run_to_completion(poll_interval=0.1)
+    assert isinstance(driver.step(), Finished), "a finished run stays finished"
+    assert driver.run.result() == run.result()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers(tmp_path):
+    yield
+    assert not marked(str(tmp_path / "local" / "jobs" / "driver-test"))
