@@ -28,6 +28,7 @@ from airflow.sdk import DAG, ObjectStoragePath, task
 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.operators.fine_tune import DeadlineSpotFineTuneOperator
+from airflow_provider_spotsched.runtime.contract import PROGRESS_FILE, Progress
 
 BUCKET = "s3://acme-ml"
 RAW_TICKETS = f"{BUCKET}/support/raw"  # one JSON-lines file per day: {"question": ..., "answer": ...}
@@ -137,8 +138,7 @@ with DAG(
         adapter = checkpoints / "final"
         if not (adapter / "adapter_config.json").exists():
             raise FileNotFoundError(f"no final adapter under {adapter}; the run ended without one")
-        progress = json.loads((checkpoints / "progress.json").read_text())
-        loss = progress.get("loss")
+        loss = Progress.from_dict(json.loads((checkpoints / PROGRESS_FILE).read_text())).loss
         if loss is None or loss > MAX_EVAL_LOSS:
             raise ValueError(f"final loss {loss} is above {MAX_EVAL_LOSS}: not registering this adapter")
         return {
