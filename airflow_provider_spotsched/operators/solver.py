@@ -94,7 +94,7 @@ class SpotAllocationSolverOperator(BaseOperator):
             check_forecast(forecast, run, at)
             forecasts[forecast["at"]] = forecast
         policy = run.policy()
-        if hasattr(policy, "forecaster"):
+        if policy.forecaster is not None:
             policy.forecaster = GivenForecasts(forecasts, policy.forecaster)
         elif forecast:
             self.log.warning("policy %s plans without a forecast; the forecast given is not used", run.policy_label)

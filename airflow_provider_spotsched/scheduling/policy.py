@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_spotsched.forecast.base import Forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import Allocation, Job
 
@@ -58,9 +59,13 @@ class Policy(ABC):
     """Decides one slot's :class:`Allocation` from an :class:`Observation`.
 
     Subclasses set ``name`` and keep whatever per-job state they need, cleared by :meth:`reset`.
+    A policy that plans on forecasts keeps its model in ``forecaster``, which a caller holding
+    forecasts of its own (the step-by-step solver operator) may replace; ``None``: the policy plans
+    without forecasts.
     """
 
     name: str = "policy"
+    forecaster: Forecaster | None = None
 
     def reset(self, job: Job) -> None:  # noqa: B027 - optional hook
         """Forget any state from a previous job; called before the first slot."""

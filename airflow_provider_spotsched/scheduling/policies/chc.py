@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_spotsched.forecast import make_forecaster
+from airflow_provider_spotsched.forecast.base import Forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
 from airflow_provider_spotsched.scheduling.planner import PlanError, PlanRequest, solve_plan
@@ -68,7 +69,7 @@ class CHCPolicy(Policy):
         self.window, self.commit = int(window), int(commit)
         self.terminal_price = terminal_price
         self.forecaster_name = forecaster
-        self.forecaster = make_forecaster(forecaster, params)
+        self.forecaster: Forecaster = make_forecaster(forecaster, params)
         self.uses_future = bool(getattr(self.forecaster, "uses_future", False))
         self._committed: list[Allocation] = []
 
