@@ -325,15 +325,8 @@ class SelectorPolicy(Policy):
         return len(windows)
 
     def _draw(self) -> float:
-        """The next uniform draw: the golden-ratio sequence from a seeded start.
-
-        Every draw is uniform on [0, 1), so each round plays its member with exactly the
-        learner's probabilities (what the regret bound needs against a market that ignores our
-        draws), while successive draws spread evenly, so the members' shares of a run of jobs
-        track their probabilities more closely than independent draws would.
-        """
-        start = np.random.default_rng(self.seed).random()
-        u = (start + self.draws * GOLDEN) % 1.0
+        """The next number of the draw sequence (:func:`golden_draw`), counted."""
+        u = golden_draw(self.seed, self.draws)
         self.draws += 1
         return u
 
@@ -402,6 +395,18 @@ class SelectorPolicy(Policy):
             selector.learners[context] = _read_learner(context, learned, selector.labels, selector.algorithm)
         selector.current = _read_current(state["current"], selector.labels)
         return selector
+
+
+def golden_draw(seed: int, number: int) -> float:
+    """The ``number``-th draw of the golden-ratio sequence from a start that ``seed`` places.
+
+    Every draw is uniform on [0, 1), so each round plays its member with exactly the
+    learner's probabilities (what the regret bound needs against a market that ignores our
+    draws), while successive draws spread evenly, so the members' shares of a run of jobs
+    track their probabilities more closely than independent draws would.
+    """
+    start = np.random.default_rng(seed).random()
+    return (start + number * GOLDEN) % 1.0
 
 
 def shortfall_losses(utilities: Mapping[str, float], scale: float) -> dict[str, float]:
