@@ -275,6 +275,33 @@ def test_exp3_learns_the_played_member_only():
     assert losses[played] == normalised_loss(job, 5.0, on_demand_cost(job, 3.0))
 
 
+def test_a_round_closed_on_another_copy_learns_what_the_open_round_would():
+    job, jm = make_job(), job_market(0, 5)
+    start = SelectorPolicy(POOL, algorithm="exp3", seed=2, warm_up_rounds=0).to_state()
+    played_here = SelectorPolicy.from_state(start)  # decide opens the round, update closes it
+    simulate(played_here, job, jm)
+    label = played_here.playing
+    played_here.update(job, jm, {label: 5.0})
+    run, store = SelectorPolicy.from_state(start), SelectorPolicy.from_state(start)
+    opened = run.open_round(job, jm)  # an online run plays the member itself
+    run.drop_round()
+    assert opened.label == label and run.to_state()["current"] is None and run.to_state()["draws"] == 1
+    store.close_round(store.recorded_round(opened.label, opened.probability, opened.draw), job, jm, {label: 5.0})
+    assert store.to_state() == played_here.to_state()  # same loss, and the next draw after the run's
+
+
+def test_a_sequence_of_rounds_can_be_replayed_from_any_draw():
+    job, jm = make_job(), job_market(0, 0)
+    whole = SelectorPolicy(POOL, seed=4, warm_up_rounds=0)
+    rounds = [whole.open_round(job, jm) for _ in range(4)]
+    part = SelectorPolicy(POOL, seed=4, warm_up_rounds=0)
+    part.set_next_draw(2)
+    simulate(part, job, jm)
+    assert part.current_round == rounds[2] and part.to_state()["draws"] == 3
+    with pytest.raises(ValueError, match="draw number"):
+        part.set_next_draw(-1)
+
+
 def test_loss_is_normalised_by_value_plus_on_demand_cost():
     job = make_job()  # 8 units on 2 on-demand instances at $3: 4 h, $24; V0 = 30
     assert on_demand_cost(job, 3.0) == pytest.approx(24.0)
