@@ -168,7 +168,7 @@ def test_selector_run_records_its_member_and_closes_one_round(gcp_market):
     assert document["runs"] == ["sel-1"] and learnt_rounds(document["selector"]) == 3
     assert document["selector"]["draws"] == 1  # the next run draws after this one
     assert close_round(document, run) == document  # idempotent: a retried close learns once
-    assert SelectorPolicy.from_state(selector_state(document)).learner(config.job).rounds == 3
+    assert SelectorPolicy.from_state(selector_state(document)).rounds_learnt(config.job) == 3
 
 
 def learnt_rounds(state: dict) -> int:

@@ -19,6 +19,7 @@ from airflow_provider_spotsched.scheduling.selector import (
     ExponentialWeights,
     SelectorPolicy,
     SelectorStateError,
+    golden_draw,
     job_context,
     normalised_loss,
     shortfall_losses,
@@ -91,7 +92,7 @@ def test_a_fresh_selector_learns_from_history_before_its_first_job():
     job = make_job()
     selector = SelectorPolicy(POOL, warm_up_rounds=3)
     result = simulate(selector, job, job_market(60, 0))
-    assert selector.learner(job).rounds == 3
+    assert selector.rounds_learnt(job) == 3
     assert result.outcome.completion_hours is not None
 
 
@@ -123,7 +124,8 @@ def test_hedge_moves_its_weight_off_a_member_that_keeps_losing():
         selector.update(job, jm)
     weights = selector.weights(job)
     assert weights["on-demand"] < 0.05  # spot at a third of its price is always there
-    best = selector.labels[int(np.argmin(selector.learner(job).cumulative_loss))]
+    cumulative_loss = selector.to_state()["contexts"][job_context(job)]["cumulative_loss"]
+    best = min(cumulative_loss, key=cumulative_loss.get)
     assert weights[best] == max(weights.values())
 
 
@@ -178,8 +180,10 @@ def test_hedge_mix_loss_holds_at_a_learning_rate_where_weights_underflow():
 
 def test_draws_are_uniform_and_spread_evenly():
     selector = SelectorPolicy(POOL, seed=5, warm_up_rounds=0)
-    draws = np.array([selector._draw() for _ in range(1000)])
-    assert selector.draws == 1000 and draws.min() >= 0.0 and draws.max() < 1.0
+    job, history = make_job(), job_market(0, 0)
+    rounds = [selector.open_round(job, history) for _ in range(1000)]
+    draws = np.array([golden_draw(5, played.draw) for played in rounds])
+    assert selector.to_state()["draws"] == 1000 and draws.min() >= 0.0 and draws.max() < 1.0
     for n in (10, 100, 1000):  # every interval of length 1/n holds about one draw in n
         counts = np.bincount(np.floor(draws[:n] * n).astype(int), minlength=n)
         assert counts.max() <= 3
@@ -191,14 +195,14 @@ def test_each_kind_of_job_learns_on_its_own_and_warms_up_on_its_own():
     small, large = make_job(), make_job(max_instances=3)
     selector = SelectorPolicy(POOL, warm_up_rounds=2)
     simulate(selector, small, job_market(60, 0))
-    assert selector.learner(small).rounds == 2
+    assert selector.rounds_learnt(small) == 2
     before = selector.weights(large)  # not seen yet: uniform, and reading it creates nothing
-    assert len(set(before.values())) == 1 and job_context(large) not in selector.learners
-    assert selector.learner(large).rounds == 0
+    assert len(set(before.values())) == 1 and not selector.knows(large)
+    assert selector.rounds_learnt(large) == 0
     selector.update(small, job_market(60, 0))
     assert selector.weights(large) == before
     simulate(selector, large, job_market(60, 1))
-    assert selector.learner(large).rounds == 2  # warmed up on its own kind's windows
+    assert selector.rounds_learnt(large) == 2  # warmed up on its own kind's windows
     assert job_context(small) != job_context(large)
     assert list(selector.to_state()["contexts"]) == [job_context(small), job_context(large)]
 
@@ -207,9 +211,8 @@ def test_the_state_keeps_the_most_recently_played_kinds(monkeypatch):
     monkeypatch.setattr(selector_module, "MAX_CONTEXTS", 2)
     selector = SelectorPolicy(POOL, warm_up_rounds=0)
     jobs = [make_job(max_instances=n) for n in (1, 2, 3)]
-    for job in jobs:
-        selector.learner(job)
-    selector.learner(jobs[1])
+    for job in (*jobs, jobs[1]):
+        selector.open_round(job, job_market(0, 0))
     assert list(selector.to_state()["contexts"]) == [job_context(jobs[2]), job_context(jobs[1])]
 
 
@@ -272,6 +275,33 @@ def test_exp3_learns_the_played_member_only():
     assert losses[played] == normalised_loss(job, 5.0, on_demand_cost(job, 3.0))
 
 
+def test_a_round_closed_on_another_copy_learns_what_the_open_round_would():
+    job, jm = make_job(), job_market(0, 5)
+    start = SelectorPolicy(POOL, algorithm="exp3", seed=2, warm_up_rounds=0).to_state()
+    played_here = SelectorPolicy.from_state(start)  # decide opens the round, update closes it
+    simulate(played_here, job, jm)
+    label = played_here.playing
+    played_here.update(job, jm, {label: 5.0})
+    run, store = SelectorPolicy.from_state(start), SelectorPolicy.from_state(start)
+    opened = run.open_round(job, jm)  # an online run plays the member itself
+    run.drop_round()
+    assert opened.label == label and run.to_state()["current"] is None and run.to_state()["draws"] == 1
+    store.close_round(store.recorded_round(opened.label, opened.probability, opened.draw), job, jm, {label: 5.0})
+    assert store.to_state() == played_here.to_state()  # same loss, and the next draw after the run's
+
+
+def test_a_sequence_of_rounds_can_be_replayed_from_any_draw():
+    job, jm = make_job(), job_market(0, 0)
+    whole = SelectorPolicy(POOL, seed=4, warm_up_rounds=0)
+    rounds = [whole.open_round(job, jm) for _ in range(4)]
+    part = SelectorPolicy(POOL, seed=4, warm_up_rounds=0)
+    part.set_next_draw(2)
+    simulate(part, job, jm)
+    assert part.current_round == rounds[2] and part.to_state()["draws"] == 3
+    with pytest.raises(ValueError, match="draw number"):
+        part.set_next_draw(-1)
+
+
 def test_loss_is_normalised_by_value_plus_on_demand_cost():
     job = make_job()  # 8 units on 2 on-demand instances at $3: 4 h, $24; V0 = 30
     assert on_demand_cost(job, 3.0) == pytest.approx(24.0)
@@ -317,7 +347,7 @@ def test_a_version_1_state_is_upgraded_keeping_settings_and_draws(caplog):
     }
     selector = SelectorPolicy.from_state(version_1)
     assert selector.params() == {"pool": POOL, "algorithm": "hedge", "seed": 4, "warm_up_rounds": 16}
-    assert selector.draws == 9 and not selector.learners
+    assert selector.to_state()["draws"] == 9 and not selector.to_state()["contexts"]
     assert "not carried over" in caplog.text
 
 

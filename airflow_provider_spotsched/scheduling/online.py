@@ -179,10 +179,11 @@ class OnlineRun:
         run = cls(config, history, history.num_slots - 1, now)
         if config.policy == "selector":
             selector = SelectorPolicy.from_state(selector_state) if selector_state else SelectorPolicy(**config.policy_params)
-            selector.decide(run._observation(0))  # warm-up on history, then the draw of this run's member
-            index, probability = selector.current
-            run.member = {**selector.pool[index], "label": selector.labels[index], "probability": probability}
-            selector.current = None
+            played = selector.open_round(job, JobMarket(run.market, run.history_slots))  # warm-up, then the draw
+            entry = selector.pool[played.member_index]
+            run.member = {**entry, "label": played.label, "probability": played.probability}
+            # The run carries its round and closes it on the freshest stored state (selector_store).
+            selector.drop_round()
             run.selector_start = selector.to_state()
         return run
 

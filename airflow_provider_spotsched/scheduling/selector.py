@@ -4,9 +4,9 @@ No single parameter setting of the prediction-based (``chc``) and prediction-fre
 on every market, nor on every kind of job: which one does depends on how predictable the market
 is right now and on the job's size, deadline slack and reconfiguration overhead. The selector
 learns it online. A round is one job, because a policy's utility is only known when its job ends:
-at the job's first slot the selector picks a pool member from the weights of the job's kind
-(:func:`job_context`) and delegates every slot of the job to it; after the job,
-:meth:`SelectorPolicy.update` feeds back either every member's counterfactual utility on the
+:meth:`SelectorPolicy.open_round` draws a pool member from the weights of the job's kind
+(:func:`job_context`), which plays every slot of the job; after the job,
+:meth:`SelectorPolicy.close_round` feeds back either every member's counterfactual utility on the
 realised market (full information: Hedge with AdaHedge's adaptive learning rate) or only the
 played member's (bandit feedback: EXP3). Both keep the regret against the best member in
 hindsight at O(sqrt T) over the T rounds of each kind of job; ``docs/selector.md`` has the proofs.
@@ -22,7 +22,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
@@ -73,6 +73,23 @@ _replay_cache: OrderedDict[tuple[str, str, str], float] = OrderedDict()
 
 class SelectorStateError(ValueError):
     """A selector state document is malformed; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """One job's draw: the member that plays the job, and what closing its round needs.
+
+    :param member_index: the member's position in the pool.
+    :param label: the member's label.
+    :param probability: the probability it was drawn with (EXP3's importance weight).
+    :param draw: its number in the selector's draw sequence; ``None`` for a round restored from
+        a state document, which records only the member and its probability.
+    """
+
+    member_index: int
+    label: str
+    probability: float
+    draw: int | None
 
 
 class ExponentialWeights:
@@ -163,7 +180,9 @@ class SelectorPolicy(Policy):
     """Picks a pool member per job with Hedge or EXP3 and delegates the job's slots to it.
 
     Each kind of job (:func:`job_context`) has its own learner; a kind seen for the first time
-    warms up on the history before its submission.
+    warms up on the history before its submission. A round is one job: :meth:`open_round` draws
+    its member (:meth:`decide` opens it itself if none is open), :meth:`close_round` learns from
+    its feedback.
 
     :param pool: members as ``{"policy": name, "params": {...}}``, built with ``make_policy``
         (default: :data:`DEFAULT_POOL`).
@@ -191,8 +210,8 @@ class SelectorPolicy(Policy):
         if not _is_count(warm_up_rounds):
             raise ValueError(f"warm_up_rounds must be an integer >= 0, got {warm_up_rounds!r}")
         self.algorithm, self.seed, self.warm_up_rounds = algorithm, int(seed), int(warm_up_rounds)
-        self.draws = 0
-        self.learners: OrderedDict[str, ExponentialWeights] = OrderedDict()
+        self._draws = 0
+        self._learners: OrderedDict[str, ExponentialWeights] = OrderedDict()
         self.members = [_build_member(i, entry) for i, entry in enumerate(self.pool)]
         # Separate instances for counterfactual replays, so that a replay never resets the
         # member that is playing the current job.
@@ -202,7 +221,7 @@ class SelectorPolicy(Policy):
         if duplicates:
             raise ValueError(f"pool lists the same member twice: {duplicates}; give each member different params")
         self._keys = tuple(json.dumps(e, sort_keys=True) for e in self.pool)
-        self.current: tuple[int, float] | None = None
+        self._current: Round | None = None
         self._member_ready = False
 
     # -- the policy interface ------------------------------------------------------------
@@ -223,71 +242,87 @@ class SelectorPolicy(Policy):
         return f"{self.name}(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")"
 
     def reset(self, job: Job) -> None:
-        """A new job is a new round: the member is chosen at its first slot."""
-        self.current = None
-        self._member_ready = False
+        """A new job is a new round: the member is drawn at its first slot."""
+        self.drop_round()
 
     def decide(self, observation: Observation) -> Allocation:
-        """Delegate to this round's member, choosing it (after a lazy warm-up) on first use.
+        """Delegate to this round's member, opening the round on first use if none is open.
 
-        The warm-up runs here, on the first decision for a kind of job with no round yet, from
-        ``observation.past`` cut at submission; :meth:`warm_up` can also be called before.
+        The round opens from ``observation.past`` cut at submission, so that a kind of job with
+        no round yet warms up on the history before the job (see :meth:`open_round`).
         """
-        if self.current is None:
-            learner = self.learner(observation.job)
-            if learner.rounds == 0 and self.warm_up_rounds:
-                self.warm_up(JobMarket(observation.past, observation.past_offset), observation.job)
-            self.current = learner.choose(self._draw())
-        member = self.members[self.current[0]]
+        played = self._current or self.open_round(observation.job, JobMarket(observation.past, observation.past_offset))
+        member = self.members[played.member_index]
         if not self._member_ready:
             member.reset(observation.job)
             self._member_ready = True
         return member.decide(observation)
 
     def planned(self) -> list[Allocation]:
-        return self.members[self.current[0]].planned() if self.current is not None else []
+        return self.members[self._current.member_index].planned() if self._current is not None else []
 
-    # -- learning ------------------------------------------------------------------------
+    # -- rounds --------------------------------------------------------------------------
 
-    @property
-    def playing(self) -> str | None:
-        """The label of this round's member, once chosen."""
-        return None if self.current is None else self.labels[self.current[0]]
+    def open_round(self, job: Job, history: JobMarket) -> Round:
+        """Draw the member of ``job``'s round and keep the round open until it is closed.
 
-    def learner(self, job: Job) -> ExponentialWeights:
-        """The learner of ``job``'s kind, created on first use (the least recently used one
-        beyond :data:`MAX_CONTEXTS` kinds is dropped)."""
-        context = job_context(job)
-        if context not in self.learners:
-            self.learners[context] = ExponentialWeights(len(self.pool), self.algorithm)
-            while len(self.learners) > MAX_CONTEXTS:
-                self.learners.popitem(last=False)
-        self.learners.move_to_end(context)
-        return self.learners[context]
+        A kind of job with no round yet first warms up on ``history`` (see :meth:`warm_up`),
+        reading only the slots before ``history.offset``. Any round still open is dropped.
 
-    def weights(self, job: Job) -> dict[str, float]:
-        """The distribution ``job``'s round is drawn from, by member label (uniform for a kind of
-        job not seen yet, before its warm-up); reading it changes nothing."""
-        learner = self.learners.get(job_context(job)) or ExponentialWeights(len(self.pool), self.algorithm)
-        return dict(zip(self.labels, learner.probabilities().tolist()))
+        :param job: the job the round is for.
+        :param history: the market up to the job's submission at ``history.offset``; later
+            slots may be present and are not read.
+        :return: the round, which :meth:`close_round` takes back with the job's feedback.
+        """
+        learner = self._learner(job)
+        if learner.rounds == 0 and self.warm_up_rounds:
+            self.warm_up(history, job)
+        number = self._draws
+        index, probability = learner.choose(self._draw())
+        self.drop_round()
+        self._current = Round(index, self.labels[index], probability, number)
+        return self._current
 
-    def counterfactual_utilities(self, job: Job, job_market: JobMarket) -> dict[str, float]:
-        """Every member's utility had it run ``job`` on the realised ``job_market``."""
-        return {label: self._replay(i, job, job_market) for i, label in enumerate(self.labels)}
+    def set_next_draw(self, number: int) -> None:
+        """Make the next round draw at ``number`` of the draw sequence, and later rounds after it.
 
-    def update(self, job: Job, job_market: JobMarket, utilities: Mapping[str, float] | None = None) -> dict[str, float]:
-        """Close the round of ``job`` with its feedback; returns the losses learnt from, by label.
+        For a caller that replays a sequence whose rounds it runs apart: the evaluation runs
+        each kind of job of a trace on its own selector, at the draws of the whole sequence.
 
-        ``utilities`` holds realised utilities by member label, typically the played member's
-        (the job's own result: passing it saves one replay). Hedge learns every member's loss,
-        replaying on ``job_market`` the members ``utilities`` does not name. EXP3 learns the
-        played member's loss only, importance-weighted, replayed if ``utilities`` lacks it.
+        :param number: a position in the draw sequence, >= 0.
+        """
+        if not _is_count(number):
+            raise ValueError(f"the draw number must be an integer >= 0, got {number!r}")
+        self._draws = int(number)
+
+    def close_round(
+        self,
+        played: Round | None,
+        job: Job,
+        job_market: JobMarket,
+        utilities: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
+        """Learn from the feedback of ``job``'s round; returns the losses learnt from, by label.
+
+        Hedge learns every member's loss, replaying on ``job_market`` the members ``utilities``
+        does not name. EXP3 learns the played member's loss only, importance-weighted, replayed
+        if ``utilities`` lacks it. Any open round ends too: feedback comes once the job is over,
+        and so are the jobs played since. The next draw comes after the round's own, so that a
+        round closed on another copy of the state (:meth:`recorded_round`) is never drawn again.
+
+        :param played: the round, from :meth:`open_round` or :meth:`recorded_round`; ``None``
+            (no member played) suits Hedge only, which needs no played member.
+        :param job: the job the round was for.
+        :param job_market: the realised market of the job, for the members' replays.
+        :param utilities: realised utilities by member label, typically the played member's
+            (the job's own result: passing it saves one replay).
+        :raises ValueError: when ``utilities`` names no pool member, or EXP3 gets no round.
         """
         known = dict(utilities or {})
         unknown = sorted(set(known) - set(self.labels))
         if unknown:
             raise ValueError(f"utilities name no pool member: {unknown}; the members are {list(self.labels)}")
-        learner = self.learner(job)
+        learner = self._learner(job)
         on_demand = on_demand_cost(job, job_market.market.on_demand_price)
         if self.algorithm == "hedge":
             for index, label in enumerate(self.labels):
@@ -296,16 +331,77 @@ class SelectorPolicy(Policy):
             losses = shortfall_losses(known, on_demand)
             learner.learn_full([losses[label] for label in self.labels])
         else:
-            if self.current is None:
+            if played is None:
                 raise ValueError("exp3 feedback needs the member played this round: run the job through decide first")
-            index, probability = self.current
-            label = self.labels[index]
-            utility = known[label] if label in known else self._replay(index, job, job_market)
+            label = played.label
+            utility = known[label] if label in known else self._replay(played.member_index, job, job_market)
             losses = {label: normalised_loss(job, utility, on_demand)}
-            learner.learn_bandit(index, losses[label], probability)
-        self.current = None
-        self._member_ready = False
+            learner.learn_bandit(played.member_index, losses[label], played.probability)
+        if played is not None and played.draw is not None:
+            self._draws = max(self._draws, played.draw + 1)
+        self.drop_round()
         return losses
+
+    def update(self, job: Job, job_market: JobMarket, utilities: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Close the open round, the one :meth:`decide` played ``job`` with (see :meth:`close_round`).
+
+        :param job: the job just played.
+        :param job_market: the realised market of the job, for the members' replays.
+        :param utilities: realised utilities by member label, typically the played member's.
+        """
+        return self.close_round(self._current, job, job_market, utilities)
+
+    def recorded_round(self, label: str, probability: float, draw: int) -> Round:
+        """The round that another copy of this selector opened, from what its run recorded, so
+        that the round can be closed on the freshest state.
+
+        :param label: the label of the member that played it.
+        :param probability: the probability that member was drawn with.
+        :param draw: the round's number in the draw sequence.
+        :raises ValueError: when no member has ``label``.
+        """
+        if label not in self.labels:
+            raise ValueError(f"no pool member has the label {label!r}; the members are {list(self.labels)}")
+        return Round(self.labels.index(label), label, float(probability), int(draw))
+
+    def drop_round(self) -> None:
+        """Forget the open round without learning from it (no feedback will come, or the round
+        is closed elsewhere: an online run carries its round and closes it on the stored state)."""
+        self._current = None
+        self._member_ready = False
+
+    @property
+    def current_round(self) -> Round | None:
+        """The open round: drawn, no feedback yet (``current`` in the state document)."""
+        return self._current
+
+    @property
+    def playing(self) -> str | None:
+        """The label of the open round's member, once drawn."""
+        return None if self._current is None else self._current.label
+
+    # -- reading the weights -------------------------------------------------------------
+
+    def knows(self, job: Job) -> bool:
+        """Whether ``job``'s kind has a learner (it counts rounds; reading it changes nothing)."""
+        return job_context(job) in self._learners
+
+    def rounds_learnt(self, job: Job) -> int:
+        """The rounds ``job``'s kind has learnt from, warm-up included (0 for a kind not known)."""
+        learner = self._learners.get(job_context(job))
+        return 0 if learner is None else learner.rounds
+
+    def weights(self, job: Job) -> dict[str, float]:
+        """The distribution ``job``'s round is drawn from, by member label (uniform for a kind of
+        job not seen yet, before its warm-up); reading it changes nothing."""
+        learner = self._learners.get(job_context(job)) or ExponentialWeights(len(self.pool), self.algorithm)
+        return dict(zip(self.labels, learner.probabilities().tolist()))
+
+    # -- learning ------------------------------------------------------------------------
+
+    def counterfactual_utilities(self, job: Job, job_market: JobMarket) -> dict[str, float]:
+        """Every member's utility had it run ``job`` on the realised ``job_market``."""
+        return {label: self._replay(i, job, job_market) for i, label in enumerate(self.labels)}
 
     def warm_up(self, history: JobMarket, job: Job, rounds: int | None = None) -> int:
         """Full-information rounds for ``job``'s kind on windows of ``history`` that end at or
@@ -317,24 +413,28 @@ class SelectorPolicy(Policy):
         rounds = self.warm_up_rounds if rounds is None else rounds
         past = history.market.window(0, history.offset)
         windows = _warm_up_windows(past, job, rounds)
-        learner = self.learner(job)
+        learner = self._learner(job)
         on_demand = on_demand_cost(job, past.on_demand_price)
         for window_job, window in windows:
             losses = shortfall_losses(self.counterfactual_utilities(window_job, window), on_demand)
             learner.learn_full([losses[label] for label in self.labels])
         return len(windows)
 
-    def _draw(self) -> float:
-        """The next uniform draw: the golden-ratio sequence from a seeded start.
+    def _learner(self, job: Job) -> ExponentialWeights:
+        """The learner of ``job``'s kind, created on first use (the least recently used one
+        beyond :data:`MAX_CONTEXTS` kinds is dropped)."""
+        context = job_context(job)
+        if context not in self._learners:
+            self._learners[context] = ExponentialWeights(len(self.pool), self.algorithm)
+            while len(self._learners) > MAX_CONTEXTS:
+                self._learners.popitem(last=False)
+        self._learners.move_to_end(context)
+        return self._learners[context]
 
-        Every draw is uniform on [0, 1), so each round plays its member with exactly the
-        learner's probabilities (what the regret bound needs against a market that ignores our
-        draws), while successive draws spread evenly, so the members' shares of a run of jobs
-        track their probabilities more closely than independent draws would.
-        """
-        start = np.random.default_rng(self.seed).random()
-        u = (start + self.draws * GOLDEN) % 1.0
-        self.draws += 1
+    def _draw(self) -> float:
+        """The next number of the draw sequence (:func:`golden_draw`), counted."""
+        u = golden_draw(self.seed, self._draws)
+        self._draws += 1
         return u
 
     def _replay(self, index: int, job: Job, job_market: JobMarket) -> float:
@@ -358,17 +458,18 @@ class SelectorPolicy(Policy):
         from ``seed`` and ``draws``; ``current`` is the member of an unfinished round.
         """
         current = None
-        if self.current is not None:
-            current = {"member": self.labels[self.current[0]], "probability": self.current[1]}
+        if self._current is not None:
+            current = {"member": self._current.label, "probability": self._current.probability}
         contexts = {
             context: {
                 "cumulative_loss": dict(zip(self.labels, learner.cumulative_loss.tolist())),
                 "rounds": learner.rounds,
                 "mixability_gap": learner.mixability_gap,
             }
-            for context, learner in self.learners.items()
+            for context, learner in self._learners.items()
         }
-        return {"version": STATE_VERSION, **self.params(), "contexts": contexts, "draws": self.draws, "current": current}
+        settings = {"version": STATE_VERSION, **self.params()}
+        return {**settings, "contexts": contexts, "draws": self._draws, "current": current}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> "SelectorPolicy":
@@ -394,14 +495,26 @@ class SelectorPolicy(Policy):
             raise SelectorStateError(f"selector state: {exc}") from None
         if not _is_count(state["draws"]):
             raise SelectorStateError(f"selector state field 'draws' must be an integer >= 0, got {state['draws']!r}")
-        selector.draws = state["draws"]
+        selector._draws = state["draws"]
         contexts = state["contexts"]
         if not isinstance(contexts, Mapping):
             raise SelectorStateError(f"selector state field 'contexts' must be an object of kinds of job, got {contexts!r}")
         for context, learned in contexts.items():
-            selector.learners[context] = _read_learner(context, learned, selector.labels, selector.algorithm)
-        selector.current = _read_current(state["current"], selector.labels)
+            selector._learners[context] = _read_learner(context, learned, selector.labels, selector.algorithm)
+        selector._current = _read_current(state["current"], selector.labels)
         return selector
+
+
+def golden_draw(seed: int, number: int) -> float:
+    """The ``number``-th draw of the golden-ratio sequence from a start that ``seed`` places.
+
+    Every draw is uniform on [0, 1), so each round plays its member with exactly the
+    learner's probabilities (what the regret bound needs against a market that ignores our
+    draws), while successive draws spread evenly, so the members' shares of a run of jobs
+    track their probabilities more closely than independent draws would.
+    """
+    start = np.random.default_rng(seed).random()
+    return (start + number * GOLDEN) % 1.0
 
 
 def shortfall_losses(utilities: Mapping[str, float], scale: float) -> dict[str, float]:
@@ -490,7 +603,7 @@ def _build_member(index: int, entry: Mapping[str, Any]) -> Policy:
     return member
 
 
-def _read_current(current: Any, labels: Sequence[str]) -> tuple[int, float] | None:
+def _read_current(current: Any, labels: Sequence[str]) -> Round | None:
     if current is None:
         return None
     if (
@@ -503,7 +616,7 @@ def _read_current(current: Any, labels: Sequence[str]) -> tuple[int, float] | No
             f"selector state field 'current' must be null or {{\"member\": one of {list(labels)}, "
             f'"probability": a number in (0, 1]}}, got {current!r}'
         )
-    return labels.index(current["member"]), float(current["probability"])
+    return Round(labels.index(current["member"]), current["member"], float(current["probability"]), None)
 
 
 def _log_sum_exp(x: np.ndarray) -> float:

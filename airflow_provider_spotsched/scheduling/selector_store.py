@@ -65,11 +65,11 @@ def close_round(document: Mapping[str, Any] | None, run: OnlineRun) -> dict[str,
             f"the stored selector has no member {label!r} (its pool changed during the run); "
             "the round is dropped rather than learnt against a different pool"
         )
-    selector.current = (selector.labels.index(label), float(run.member["probability"]))
+    # The run drew its member as the last draw of the document it started on; closing its round
+    # moves the next run's draw past it.
+    played = selector.recorded_round(label, run.member["probability"], int(run.selector_start["draws"]) - 1)
     result = run.result()
-    losses = selector.update(run.config.job, run.realised_market(), {label: result["utility"]})
-    # The run drew its member from the document it started on; the next run draws after it.
-    selector.draws = max(selector.draws, int(run.selector_start["draws"]))
+    losses = selector.close_round(played, run.config.job, run.realised_market(), {label: result["utility"]})
     return {
         "selector": selector.to_state(),
         "runs": (runs + [job_id])[-KEEP_RUN_IDS:],

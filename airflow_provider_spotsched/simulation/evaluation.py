@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from airflow_provider_spotsched.scheduling.policy import Policy
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import job_context
 from airflow_provider_spotsched.scheduling.replay import JobMarket, SimulationResult, job_market, simulate
+
+if TYPE_CHECKING:
+    from airflow_provider_spotsched.scheduling.selector import Round
 
 ORACLE_ERRORS = (0.0, 0.1, 0.25, 0.5)
 SELECTOR = "selector"
@@ -332,7 +335,7 @@ def run_selector(
     trace = cached_trace(runs[0].scenario.trace)
     ordered = sorted(runs, key=lambda r: r.scenario.index)
     draws = draw_numbers or {run.scenario.index: n for n, run in enumerate(ordered)}
-    waiting: list[tuple[datetime, ScenarioRun, Job, JobMarket]] = []
+    waiting: list[tuple[datetime, ScenarioRun, Job, JobMarket, Round]] = []
     rows: list[Row] = []
     plays: list[dict[str, Any]] = []
     rounds: list[dict[str, Any]] = []
@@ -341,8 +344,8 @@ def run_selector(
     def learn(before: Scenario | None) -> None:
         waiting.sort(key=lambda item: item[0])
         while waiting and (before is None or waiting[0][0] <= before.start):
-            ends, run, job, market = waiting.pop(0)
-            selector.update(job, market, run.member_utilities)
+            ends, run, job, market, played = waiting.pop(0)
+            selector.close_round(played, job, market, run.member_utilities)
             rounds.append({
                 **_cell(run.scenario), "context": job_context(job), "ends": ends.isoformat(),
                 "learnt_before": None if before is None else before.start_text, "utilities": run.member_utilities,
@@ -353,19 +356,19 @@ def run_selector(
         learn(before=scenario)
         job, market = scenario_job(config, trace, scenario)
         context = job_context(job)
-        fresh = context not in selector.learners
-        selector.draws = draws[scenario.index]
-        row = make_row(scenario, spec, simulate(selector, job, market))
+        fresh = not selector.knows(job)
+        selector.set_next_draw(draws[scenario.index])
+        row = make_row(scenario, spec, simulate(selector, job, market))  # the round opens at slot 0
+        played = selector.current_round
         if fresh:
-            warm_up[context] = selector.learners[context].rounds
+            warm_up[context] = selector.rounds_learnt(job)
         plays.append({
-            **_cell(scenario), "draw": draws[scenario.index], "context": context, "played": selector.playing,
-            "probabilities": dict(zip(selector.labels, selector.learner(job).probabilities().tolist())),
-            "utilities": run.member_utilities,
+            **_cell(scenario), "draw": played.draw, "context": context, "played": played.label,
+            "probabilities": selector.weights(job), "utilities": run.member_utilities,
         })
         rows.append(row)
         ends = scenario.start + timedelta(hours=job.horizon_slots * job.slot_hours)
-        waiting.append((ends, run, job, market))
+        waiting.append((ends, run, job, market, played))
     learn(before=None)
     learning = {"members": list(selector.labels), "warm_up_rounds": warm_up, "plays": plays, "rounds": rounds}
     return rows, {**learning, "final_state": selector.to_state()}
