@@ -151,6 +151,20 @@ def test_slot_cannot_be_decided_twice_or_after_completion(gcp_market):
         run.decide(0.0, NOW)
 
 
+def test_next_slot_bills_an_unreported_decision_as_decided(gcp_market):
+    run = OnlineRun.start(RunConfig("r", gcp_job(), gcp_market.pools, policy="greedy"), gcp_market.prefix(HISTORY + 1), NOW)
+    with pytest.raises(ValueError, match="not decided yet"):
+        run.next_slot(gcp_market.spot_price[HISTORY + 1], gcp_market.available[HISTORY + 1])
+    record = run.decide(0.0, NOW)
+    start = run.market_now
+    run.next_slot(gcp_market.spot_price[HISTORY + 1], gcp_market.available[HISTORY + 1])
+    decided = Allocation(tuple(record.allocation["spot"].get(p, 0) for p in run.config.pools), record.allocation["on_demand"])
+    hourly = float(decided.spot @ gcp_market.spot_price[HISTORY]) + decided.on_demand * gcp_market.on_demand_price
+    assert run.records[0].applied == record.allocation
+    assert run.cost == pytest.approx(hourly) and run.cost > 0
+    assert run.slot == 1 and not run.decided and run.market_now == start + timedelta(hours=1)
+
+
 def test_hours_follow_the_accelerated_clock(gcp_market):
     config = RunConfig("r", gcp_job(), gcp_market.pools, seconds_per_slot=5.0)
     run = OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW)

@@ -30,7 +30,7 @@ from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.operators.fine_tune import job_id_for
 from airflow_provider_spotsched.operators.forecast import forecast_instant
 from airflow_provider_spotsched.scheduling.model import Job, JobError
-from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 
 RUN_STATE_KEY = "run_state"
 
@@ -122,17 +122,14 @@ class SpotAllocationSolverOperator(BaseOperator):
         """The run of ``state``, moved on to the slot starting at ``at`` if its slot is decided."""
         run = OnlineRun.from_state(state.get("run", state))
         forecasts = dict(state.get("forecasts") or {})
-        current = run.market.start + timedelta(hours=(run.market.num_slots - 1) * run.market.slot_hours)
-        if run.records and run.records[-1].slot == run.slot:
-            if run.records[-1].applied is None:  # nothing says otherwise: the decision was applied
-                run.applied(allocation_from_dict(run.records[-1].allocation, run.config.pools))
-            current += timedelta(hours=run.market.slot_hours)
-            if format_timestamp(at) != format_timestamp(current):
-                raise ValueError(f"at {format_timestamp(at)}: the run's next slot starts at {format_timestamp(current)}; set at to it")
+        if run.decided:
+            following = run.market_now + timedelta(hours=run.market.slot_hours)
+            if format_timestamp(at) != format_timestamp(following):
+                raise ValueError(f"at {format_timestamp(at)}: the run's next slot starts at {format_timestamp(following)}; set at to it")
             market = slot_market_at(self.market, at, run.market.slot_hours, run.config.pools, self.history_hours)
-            run.observe(market.spot_price[-1], market.available[-1])
-        elif format_timestamp(at) != format_timestamp(current):
-            raise ValueError(f"at {format_timestamp(at)}: the run's current slot starts at {format_timestamp(current)}; set at to it")
+            run.next_slot(market.spot_price[-1], market.available[-1])
+        elif format_timestamp(at) != format_timestamp(run.market_now):
+            raise ValueError(f"at {format_timestamp(at)}: the run's current slot starts at {format_timestamp(run.market_now)}; set at to it")
         return run, forecasts
 
     def _work_done(self, run: OnlineRun) -> float:

@@ -195,6 +195,16 @@ class OnlineRun:
         return self.market.num_slots - 1 - self.history_slots
 
     @property
+    def decided(self) -> bool:
+        """Whether the current slot's allocation is decided."""
+        return bool(self.records) and self.records[-1].slot == self.slot
+
+    @property
+    def market_now(self) -> datetime:
+        """The market instant at which the current slot starts."""
+        return self.market.start + timedelta(hours=(self.market.num_slots - 1) * self.market.slot_hours)
+
+    @property
     def work_done(self) -> float:
         return self.records[-1].work_done if self.records else 0.0
 
@@ -219,7 +229,7 @@ class OnlineRun:
         """This slot's allocation from the market row just observed and the measured work."""
         if self.completion_hours is not None:
             raise ValueError("the run has completed; nothing is decided after completion")
-        if self.records and self.records[-1].slot == self.slot:
+        if self.decided:
             raise ValueError(f"slot {self.slot} is already decided; observe the next slot first")
         job, pools = self.config.job, self.config.pools
         policy = self.policy()
@@ -239,7 +249,7 @@ class OnlineRun:
         record = SlotRecord(
             slot=self.slot,
             time=format_timestamp(now),
-            market_time=format_timestamp(self.market.start + timedelta(hours=(self.market.num_slots - 1) * job.slot_hours)),
+            market_time=format_timestamp(self.market_now),
             market={
                 p: {"spot_price": float(self.market.spot_price[-1, m]), "available": int(self.market.available[-1, m])}
                 for m, p in enumerate(pools)
@@ -265,6 +275,17 @@ class OnlineRun:
         if not self.records or self.records[-1].slot != self.slot:
             raise ValueError("decide the current slot before recording what was applied")
         self.records[-1].applied = allocation_to_dict(allocation, self.config.pools)
+
+    def next_slot(self, spot_price: Sequence[float], available: Sequence[int]) -> None:
+        """Move past the decided current slot; a decision nobody reported on is billed as decided.
+
+        For callers with no backend to ask what ran (the step-by-step solver operator).
+        """
+        if not self.decided:
+            raise ValueError(f"slot {self.slot} is not decided yet; decide it before moving to the next")
+        if self.records[-1].applied is None:
+            self.applied(allocation_from_dict(self.records[-1].allocation, self.config.pools))
+        self.observe(spot_price, available)
 
     def observe(self, spot_price: Sequence[float], available: Sequence[int]) -> None:
         """The next slot boundary: bill the slot just ended and add the new market row."""
