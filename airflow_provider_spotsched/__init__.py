@@ -19,8 +19,11 @@ GCP_TRACE = TRACES_DIR / "gcp_h100_13zones_2025-10.csv.gz"
 def get_provider_info() -> dict[str, Any]:
     """What Airflow's providers manager reads through the ``apache_airflow_provider`` entry point.
 
-    Listing a module here imports nothing: Airflow imports it only when it is used.
+    Listing a module here imports nothing: Airflow imports it only when it is used. The
+    connection form is plain data, read from an Airflow-free module.
     """
+    from airflow_provider_spotsched.hooks.local_connection import connection_type_info
+
     package = "airflow_provider_spotsched"
     return {
         "package-name": "airflow-provider-spotsched",
@@ -57,8 +60,6 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [f"{package}.triggers.spot_job", f"{package}.triggers.market"],
             }
         ],
-        "connection-types": [
-            {"hook-class-name": f"{package}.hooks.local.LocalSpotHook", "connection-type": "spotsched_local"},
-        ],
+        "connection-types": [connection_type_info(f"{package}.hooks.local.LocalSpotHook")],
         "extra-links": [f"{package}.links.report.SpotRunReportLink"],
     }

@@ -36,6 +36,7 @@ from airflow_provider_spotsched.backends.base import TrainingJob
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_jobdir import read_json
 from airflow_provider_spotsched.backends.market_clock import MarketClock
+from airflow_provider_spotsched.hooks import local_connection
 from airflow_provider_spotsched.hooks.market_feed import MarketFeed
 from airflow_provider_spotsched.market.slots import SlotMarket, resample
 from airflow_provider_spotsched.market.trace import Trace, format_timestamp, load_trace, parse_timestamp
@@ -138,8 +139,8 @@ class LocalSpotHook(BaseHook):
 
     conn_name_attr = "local_conn_id"
     default_conn_name = "spotsched_local_default"
-    conn_type = "spotsched_local"
-    hook_name = "Spot scheduler: local replay"
+    conn_type = local_connection.CONN_TYPE
+    hook_name = local_connection.HOOK_NAME
 
     def __init__(self, local_conn_id: str | None = None, **overrides: Any) -> None:
         super().__init__()
@@ -148,13 +149,8 @@ class LocalSpotHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": ["host", "schema", "login", "password", "port"],
-            "placeholders": {
-                "extra": '{"workdir": "/data/spotsched", "trace": "gcp", "seconds_per_slot": 5, '
-                '"market_start": "2025-10-11T03:10:00Z"}'
-            },
-        }
+        """The provider info's ``ui-field-behaviour``, for readers of the hook (Airflow 3.3 reads the info)."""
+        return local_connection.field_behaviour()
 
     def settings(self) -> LocalReplaySettings:
         extra: dict[str, Any] = {}
