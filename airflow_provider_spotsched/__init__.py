@@ -20,8 +20,9 @@ def get_provider_info() -> dict[str, Any]:
     """What Airflow's providers manager reads through the ``apache_airflow_provider`` entry point.
 
     Listing a module here imports nothing: Airflow imports it only when it is used. The
-    connection form is plain data, read from an Airflow-free module.
+    connection form and the ``[spotsched]`` options are plain data, read from Airflow-free modules.
     """
+    from airflow_provider_spotsched.config import CONFIG
     from airflow_provider_spotsched.hooks.local_connection import connection_type_info
 
     package = "airflow_provider_spotsched"
@@ -62,4 +63,5 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "connection-types": [connection_type_info(f"{package}.hooks.local.LocalSpotHook")],
         "extra-links": [f"{package}.links.report.SpotRunReportLink"],
+        "config": CONFIG,
     }

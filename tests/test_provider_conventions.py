@@ -1,4 +1,4 @@
-"""The provider as Airflow 3.3 presents it: the connection form.
+"""The provider as Airflow 3.3 presents it: the connection form, the ``[spotsched]`` options.
 
 What users see comes from a fresh Airflow process (the ``airflow`` CLI, and the providers manager
 behind the UI's connection form) in a temporary ``AIRFLOW_HOME`` that imports this checkout; the
@@ -37,10 +37,10 @@ print(json.dumps({"form": meta.model_dump(), "behaviour": ProvidersManager().fie
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A fresh deployment's environment: no DB is needed to list providers."""
+    """A fresh deployment's environment: no DB is needed to list providers or configuration."""
     home = tmp_path_factory.mktemp("airflow-home")
     return {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__SPOTSCHED__")},
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -122,3 +122,29 @@ def test_the_provider_info_validates_against_airflows_schemas():
     jsonschema.validate(info, json.loads((schemas / "provider_info.schema.json").read_text()))
     yaml_schema = json.loads((schemas / "provider.yaml.schema.json").read_text())  # the stricter form schema
     jsonschema.validate(info["connection-types"], yaml_schema["properties"]["connection-types"])
+
+
+def test_airflow_config_lists_the_spotsched_options_with_their_defaults(env):
+    listed = airflow(env, "config", "list", "--section", "spotsched", "--include-descriptions", "--show-values")
+    assert "[spotsched]" in listed
+    assert "selector_state_variable = spotsched_selector_state" in listed
+    assert re.search(r"^#? ?default_poll_interval = *$", listed, re.MULTILINE)
+    assert re.search(r"^#? ?local_workdir = *$", listed, re.MULTILINE)
+    assert "a tenth of a slot, at most 60 seconds" in listed and "$AIRFLOW_HOME/spotsched" in listed
+    selector = airflow(env, "config", "get-value", "spotsched", "selector_state_variable")
+    assert selector.strip() == "spotsched_selector_state"
+    overridden = {**env, "AIRFLOW__SPOTSCHED__DEFAULT_POLL_INTERVAL": "7.5"}
+    assert airflow(overridden, "config", "get-value", "spotsched", "default_poll_interval").strip() == "7.5"
+
+
+def test_spotsched_local_workdir_moves_the_hooks_workdir_unless_the_connection_or_dag_names_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AIRFLOW__SPOTSCHED__LOCAL_WORKDIR", raising=False)
+    assert LocalSpotHook().settings().workdir == tmp_path / "home" / "spotsched"
+    monkeypatch.setenv("AIRFLOW__SPOTSCHED__LOCAL_WORKDIR", str(tmp_path / "configured"))
+    assert LocalSpotHook().settings().workdir == tmp_path / "configured"
+    assert LocalSpotHook().default_checkpoint_uri("j") == str(tmp_path / "configured" / "checkpoints" / "j")
+    connection = {"conn_type": "spotsched_local", "extra": {"workdir": str(tmp_path / "from-conn")}}
+    monkeypatch.setenv("AIRFLOW_CONN_MY_LOCAL", json.dumps(connection))
+    assert LocalSpotHook("my_local").settings().workdir == tmp_path / "from-conn"
+    assert LocalSpotHook("my_local", workdir=str(tmp_path / "from-dag")).settings().workdir == tmp_path / "from-dag"

@@ -5,7 +5,8 @@ the market is the shipped GCP H100 trace, one market slot lasts a few wall-clock
 ``spotsched_local`` connection (or keyword overrides, e.g. from a DAG) changes any of it; its
 extras are
 
-- ``workdir``: where job directories (and default checkpoints) live;
+- ``workdir``: where job directories (and default checkpoints) live (default: ``[spotsched]
+  local_workdir``, else ``$AIRFLOW_HOME/spotsched``);
 - ``trace``: ``"gcp"`` or ``"aws"`` (the shipped traces) or the path of a trace file;
 - ``seconds_per_slot``: wall-clock seconds per market slot;
 - ``market_start``: UTC timestamp in the trace where the job is submitted (default: after the
@@ -29,13 +30,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, conf
 
 from airflow_provider_spotsched import AWS_TRACE, GCP_TRACE
 from airflow_provider_spotsched.backends.base import TrainingJob
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_jobdir import read_json
 from airflow_provider_spotsched.backends.market_clock import MarketClock
+from airflow_provider_spotsched.config import SECTION
 from airflow_provider_spotsched.hooks import local_connection
 from airflow_provider_spotsched.hooks.market_feed import MarketFeed
 from airflow_provider_spotsched.market.slots import SlotMarket, resample
@@ -153,10 +155,13 @@ class LocalSpotHook(BaseHook):
         return local_connection.field_behaviour()
 
     def settings(self) -> LocalReplaySettings:
+        """Overrides win over the connection's extras; then ``[spotsched] local_workdir``; then the defaults."""
         extra: dict[str, Any] = {}
         if self.local_conn_id:
             extra.update(self.get_connection(self.local_conn_id).extra_dejson)
         extra.update({k: v for k, v in self.overrides.items() if v is not None})
+        if not extra.get("workdir"):
+            extra["workdir"] = conf.get(SECTION, "local_workdir", fallback=None)
         where = f"connection {self.local_conn_id!r}" if self.local_conn_id else "backend_options"
         return LocalReplaySettings.from_extra(extra, where)
 

@@ -19,7 +19,8 @@ HOOK_NAME = "Spot scheduler: local replay"
 CONN_FIELDS: dict[str, dict[str, Any]] = {
     "workdir": {
         "label": "Work directory",
-        "description": "Where job directories and default checkpoints live. Empty: $AIRFLOW_HOME/spotsched.",
+        "description": "Where job directories and default checkpoints live. "
+        "Empty: [spotsched] local_workdir, else $AIRFLOW_HOME/spotsched.",
         "schema": {"type": ["string", "null"]},
     },
     "trace": {
