@@ -63,5 +63,13 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "connection-types": [connection_type_info(f"{package}.hooks.local.LocalSpotHook")],
         "extra-links": [f"{package}.links.report.SpotRunReportLink"],
+        "asset-uris": [
+            {
+                "schemes": ["spotsched"],
+                "handler": f"{package}.assets.sanitize_uri",
+                "factory": f"{package}.assets.create_asset",
+                "to_openlineage_converter": f"{package}.assets.convert_asset_to_openlineage",
+            }
+        ],
         "config": CONFIG,
     }

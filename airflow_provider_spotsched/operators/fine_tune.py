@@ -31,7 +31,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
 import fsspec
-from airflow.sdk import BaseOperator, Variable
+from airflow.sdk import Asset, BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_spotsched.backends.base import InstanceState, InsufficientCapacityError, JobStatus, TrainingJob
@@ -40,6 +40,12 @@ from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, SpotEn
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.links.report import SpotRunReportLink
 from airflow_provider_spotsched.market.source import MarketSource
+from airflow_provider_spotsched.operators.lineage import (
+    AdapterLineageMixin,
+    adapter_location,
+    add_adapter_outlet,
+    emit_adapter_event,
+)
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
 from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
@@ -68,7 +74,7 @@ def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> s
     return f"{readable}-{digest}" if readable else digest
 
 
-class DeadlineSpotFineTuneOperator(BaseOperator):
+class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     """Fine-tune by a deadline on a changing mix of spot and on-demand instances (see module doc).
 
     The job:
@@ -109,6 +115,10 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         runtime's contract (exit 0 done, 75 resumable, ``progress.json`` under the checkpoint URI).
     :param checkpoint_uri: where checkpoints, ``progress.json`` and the final adapter go (local
         path, ``s3://`` or ``gs://``); local backend default: under its workdir.
+    :param adapter_asset: the Asset a success updates, with the adapter's location, cost, policy
+        and ``deadline_met`` in the event's extra (default: ``{checkpoint_uri}/final`` when
+        ``checkpoint_uri`` is fixed, else ``spotsched://{dag_id}/{task_id}/adapter``); it is
+        added to ``outlets``.
 
     The scheduling:
 
@@ -162,6 +172,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         training_config: Mapping[str, Any] | None = None,
         command: Sequence[str] | str | None = None,
         checkpoint_uri: str | None = None,
+        adapter_asset: Asset | None = None,
         policy: str = "selector",
         policy_params: Mapping[str, Any] | None = None,
         slot_hours: float = 1.0,
@@ -191,6 +202,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         self.training_config = training_config
         self.command = command
         self.checkpoint_uri = checkpoint_uri
+        self.adapter_asset = add_adapter_outlet(self, adapter_asset)
         self.policy = policy
         self.policy_params = policy_params
         self.slot_hours = slot_hours
@@ -458,6 +470,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
             self.log.info("selector round stored in Variable %s: %s", self.selector_state_variable, document["last_round"])
         self._push_log(context, run)
         result = run.result()
+        emit_adapter_event(context, self.adapter_asset, result, adapter_location(training.checkpoint_uri))
         self.log.info("done: %s", json.dumps(result))
         return result
 
