@@ -143,7 +143,7 @@ def test_spotsched_local_workdir_moves_the_hooks_workdir_unless_the_connection_o
     assert LocalSpotHook().settings().workdir == tmp_path / "home" / "spotsched"
     monkeypatch.setenv("AIRFLOW__SPOTSCHED__LOCAL_WORKDIR", str(tmp_path / "configured"))
     assert LocalSpotHook().settings().workdir == tmp_path / "configured"
-    assert LocalSpotHook().default_checkpoint_uri("j") == str(tmp_path / "configured" / "checkpoints" / "j")
+    assert LocalSpotHook().backend().workdir == tmp_path / "configured" / "jobs"  # where the jobs then run
     connection = {"conn_type": "spotsched_local", "extra": {"workdir": str(tmp_path / "from-conn")}}
     monkeypatch.setenv("AIRFLOW_CONN_MY_LOCAL", json.dumps(connection))
     assert LocalSpotHook("my_local").settings().workdir == tmp_path / "from-conn"
