@@ -19,8 +19,12 @@ GCP_TRACE = TRACES_DIR / "gcp_h100_13zones_2025-10.csv.gz"
 def get_provider_info() -> dict[str, Any]:
     """What Airflow's providers manager reads through the ``apache_airflow_provider`` entry point.
 
-    Listing a module here imports nothing: Airflow imports it only when it is used.
+    Listing a module here imports nothing: Airflow imports it only when it is used. The
+    connection form and the ``[spotsched]`` options are plain data, read from Airflow-free modules.
     """
+    from airflow_provider_spotsched.config import CONFIG
+    from airflow_provider_spotsched.hooks.local_connection import connection_type_info
+
     package = "airflow_provider_spotsched"
     return {
         "package-name": "airflow-provider-spotsched",
@@ -57,8 +61,15 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [f"{package}.triggers.spot_job", f"{package}.triggers.market"],
             }
         ],
-        "connection-types": [
-            {"hook-class-name": f"{package}.hooks.local.LocalSpotHook", "connection-type": "spotsched_local"},
-        ],
+        "connection-types": [connection_type_info(f"{package}.hooks.local.LocalSpotHook")],
         "extra-links": [f"{package}.links.report.SpotRunReportLink"],
+        "asset-uris": [
+            {
+                "schemes": ["spotsched"],
+                "handler": f"{package}.assets.sanitize_uri",
+                "factory": f"{package}.assets.create_asset",
+                "to_openlineage_converter": f"{package}.assets.convert_asset_to_openlineage",
+            }
+        ],
+        "config": CONFIG,
     }

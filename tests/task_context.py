@@ -1,8 +1,9 @@
 """What Airflow hands a task and its triggers, faked to drive the operator by hand.
 
 Shared by tests/test_operator.py, tests/test_market_sensor.py and benchmarks/bench_triggers.py:
-a ``task_state_store`` and a task instance that records XComs (:class:`TaskContext`), and a
-trigger rebuilt from its serialised form, as a restarted triggerer rebuilds it.
+a ``task_state_store``, a task instance that records XComs and the asset events' accessors
+(:class:`TaskContext`), and a trigger rebuilt from its serialised form, as a restarted
+triggerer rebuilds it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 import importlib
 import json
 from typing import Any
+
+from airflow.sdk.execution_time.context import OutletEventAccessors
 
 
 class TaskStateStore:
@@ -39,8 +42,10 @@ class TaskInstance:
 
 
 class TaskContext(dict):
+    """``ti``, ``task_state_store`` and Airflow's own ``outlet_events`` (the asset events' extras)."""
+
     def __init__(self, store: TaskStateStore, try_number: int = 1) -> None:
-        super().__init__(ti=TaskInstance(try_number), task_state_store=store)
+        super().__init__(ti=TaskInstance(try_number), task_state_store=store, outlet_events=OutletEventAccessors())
 
 
 def rebuilt(trigger: Any) -> Any:

@@ -32,6 +32,9 @@ CORE_MODULES = [
         "runtime.train",
         "runtime.checkpoint",
         "runtime.preemption",
+        "config",
+        "hooks.local_connection",
+        "assets",
     )
 ]
 

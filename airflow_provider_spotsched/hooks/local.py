@@ -5,7 +5,8 @@ the market is the shipped GCP H100 trace, one market slot lasts a few wall-clock
 ``spotsched_local`` connection (or keyword overrides, e.g. from a DAG) changes any of it; its
 extras are
 
-- ``workdir``: where job directories (and default checkpoints) live;
+- ``workdir``: where job directories (and default checkpoints) live (default: ``[spotsched]
+  local_workdir``, else ``$AIRFLOW_HOME/spotsched``);
 - ``trace``: ``"gcp"`` or ``"aws"`` (the shipped traces) or the path of a trace file;
 - ``seconds_per_slot``: wall-clock seconds per market slot;
 - ``market_start``: UTC timestamp in the trace where the job is submitted (default: after the
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, conf
 
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_settings import LocalReplaySettings
+from airflow_provider_spotsched.config import SECTION
 from airflow_provider_spotsched.execution.environment import SpotEnvironment, local_environment
+from airflow_provider_spotsched.hooks import local_connection
 
 
 class LocalSpotHook(BaseHook):
@@ -39,8 +42,8 @@ class LocalSpotHook(BaseHook):
 
     conn_name_attr = "local_conn_id"
     default_conn_name = "spotsched_local_default"
-    conn_type = "spotsched_local"
-    hook_name = "Spot scheduler: local replay"
+    conn_type = local_connection.CONN_TYPE
+    hook_name = local_connection.HOOK_NAME
 
     def __init__(self, local_conn_id: str | None = None, **overrides: Any) -> None:
         super().__init__()
@@ -49,19 +52,17 @@ class LocalSpotHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": ["host", "schema", "login", "password", "port"],
-            "placeholders": {
-                "extra": '{"workdir": "/data/spotsched", "trace": "gcp", "seconds_per_slot": 5, '
-                '"market_start": "2025-10-11T03:10:00Z"}'
-            },
-        }
+        """The provider info's ``ui-field-behaviour``, for readers of the hook (Airflow 3.3 reads the info)."""
+        return local_connection.field_behaviour()
 
     def settings(self) -> LocalReplaySettings:
+        """Overrides win over the connection's extras; then ``[spotsched] local_workdir``; then the defaults."""
         extra: dict[str, Any] = {}
         if self.local_conn_id:
             extra.update(self.get_connection(self.local_conn_id).extra_dejson)
         extra.update({k: v for k, v in self.overrides.items() if v is not None})
+        if not extra.get("workdir"):
+            extra["workdir"] = conf.get(SECTION, "local_workdir", fallback=None)
         where = f"connection {self.local_conn_id!r}" if self.local_conn_id else "backend_options"
         return LocalReplaySettings.from_extra(extra, where)
 

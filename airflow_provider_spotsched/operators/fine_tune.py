@@ -30,7 +30,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Sequence
 
-from airflow.sdk import BaseOperator, Context, Variable, conf
+from airflow.sdk import Asset, BaseOperator, Context, Variable, conf
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_spotsched.execution.driver import Finished, RunDriver
@@ -41,6 +41,12 @@ from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.links.report import SpotRunReportLink
 from airflow_provider_spotsched.market.source import MarketSource
+from airflow_provider_spotsched.operators.lineage import (
+    AdapterLineageMixin,
+    adapter_location,
+    add_adapter_outlet,
+    emit_adapter_event,
+)
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
@@ -76,7 +82,7 @@ def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> s
     return f"{readable}-{digest}" if readable else digest
 
 
-class DeadlineSpotFineTuneOperator(BaseOperator):
+class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     """Fine-tune by a deadline on a changing mix of spot and on-demand instances (see module doc).
 
     The job:
@@ -117,6 +123,10 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         runtime's contract (exit 0 done, 75 resumable, ``progress.json`` under the checkpoint URI).
     :param checkpoint_uri: where checkpoints, ``progress.json`` and the final adapter go (local
         path, ``s3://`` or ``gs://``); local backend default: under its workdir.
+    :param adapter_asset: the Asset a success updates, with the adapter's location, cost, policy
+        and ``deadline_met`` in the event's extra (default: ``{checkpoint_uri}/final`` when
+        ``checkpoint_uri`` is fixed, else ``spotsched://{dag_id}/{task_id}/adapter``); it is
+        added to ``outlets``.
 
     The scheduling:
 
@@ -194,6 +204,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         training_config: Mapping[str, Any] | None = None,
         command: Sequence[str] | str | None = None,
         checkpoint_uri: str | None = None,
+        adapter_asset: Asset | None = None,
         policy: str = "selector",
         policy_params: Mapping[str, Any] | None = None,
         slot_hours: float = 1.0,
@@ -224,6 +235,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         self.training_config = training_config
         self.command = command
         self.checkpoint_uri = checkpoint_uri
+        self.adapter_asset = add_adapter_outlet(self, adapter_asset)
         self.policy = policy
         self.policy_params = policy_params
         self.slot_hours = slot_hours
@@ -407,12 +419,12 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
         """Step the run; between steps defer to the trigger, or without a triggerer wait here."""
         self._running = driver
         if not self.deferrable:
-            run = driver.run_to_completion(reattach, self.poll_interval, lambda run: self._push_log(context, run))
-            return self._finish(context, run)
+            driver.run_to_completion(reattach, self.poll_interval, lambda run: self._push_log(context, run))
+            return self._finish(context, driver)
         step = driver.step(reattach)
         self._push_log(context, driver.run)
         if isinstance(step, Finished):
-            return self._finish(context, step.run)
+            return self._finish(context, driver)
         self.defer(trigger=self._trigger(spec, driver, step), method_name="execute_slot")
 
     def _trigger(self, spec: BackendSpec, driver: RunDriver, wait: Wait) -> SpotJobTrigger:
@@ -425,7 +437,9 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
             known_failures=wait.known_failures,
         )
 
-    def _finish(self, context: Context, run: OnlineRun) -> dict[str, Any]:
+    def _finish(self, context: Context, driver: RunDriver) -> dict[str, Any]:
+        """The run is done: learn its selector round, announce the adapter, return the result."""
+        run = driver.run
         if run.member is not None:
             document = store_round(
                 lambda: Variable.get(self.selector_state_variable, default=None, deserialize_json=True),
@@ -434,6 +448,7 @@ class DeadlineSpotFineTuneOperator(BaseOperator):
             )
             self.log.info("selector round stored in Variable %s: %s", self.selector_state_variable, document["last_round"])
         result = run.result()
+        emit_adapter_event(context, self.adapter_asset, result, adapter_location(driver.training.checkpoint_uri))
         self.log.info("done: %s", json.dumps(result))
         return result
 

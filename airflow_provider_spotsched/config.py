@@ -1,0 +1,47 @@
+"""The ``[spotsched]`` section of Airflow's configuration: the provider's deployment-wide defaults.
+
+Declared in the provider info (``config``), so ``airflow config list`` shows the options with
+their descriptions and ``conf.get("spotsched", ...)`` knows their defaults. A DAG's argument or
+a connection's extra wins over them. This module imports nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SECTION = "spotsched"
+
+CONFIG: dict[str, Any] = {
+    SECTION: {
+        "description": "Defaults of the Spot Scheduler provider (airflow-provider-spotsched) for every DAG\n"
+        "of the deployment.\n",
+        "options": {
+            "selector_state_variable": {
+                "description": "The Airflow Variable holding the selector's learnt state, when an operator\n"
+                "names none. Runs that share it learn together.\n",
+                "version_added": "0.1.0",
+                "type": "string",
+                "example": "spotsched_selector_state_team_a",
+                "default": "spotsched_selector_state",
+            },
+            "default_poll_interval": {
+                "description": "Seconds between status polls of a running job, when an operator gives no\n"
+                "poll_interval. Empty: a tenth of a slot, at most 60 seconds.\n",
+                "version_added": "0.1.0",
+                "type": "float",
+                "example": "30",
+                "default": None,
+            },
+            "local_workdir": {
+                "description": "The local backend's work directory (job directories, default checkpoints), when its\n"
+                "spotsched_local connection and the operator's backend_options give no workdir.\n"
+                "Empty: $AIRFLOW_HOME/spotsched.\n",
+                "version_added": "0.1.0",
+                "type": "string",
+                "example": "/data/spotsched",
+                "default": None,
+            },
+        },
+    }
+}
+"""The provider info's ``config`` entry."""
