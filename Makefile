@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
-EXTRAS := amazon,google,train,dev
+EXTRAS := amazon,google,openlineage,train,dev
 
 .PHONY: install demo demo-evaluate ui test lint evaluate forecast-backtest bench constraints clean
 
