@@ -13,9 +13,10 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from airflow_provider_spotsched.backends.local_settings import DEFAULT_SECONDS_PER_SLOT, LocalReplaySettings
 from airflow_provider_spotsched.execution.driver import Persist, RunDriver
@@ -29,6 +30,7 @@ from airflow_provider_spotsched.runtime.contract import runtime_command, write_c
 from airflow_provider_spotsched.scheduling.model import Job
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
+from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
 from airflow_provider_spotsched.simulation.evaluation import (
     POLICY_SPECS,
@@ -37,7 +39,6 @@ from airflow_provider_spotsched.simulation.evaluation import (
     evaluate,
     trace_name,
 )
-from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 
 BAD_INPUT = 2
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 def load(kind: str, table: Mapping[str, str], name: str) -> type:

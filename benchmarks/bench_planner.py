@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import replace
-from functools import partial
 from datetime import datetime, timezone
+from functools import partial
 
 import numpy as np
 
@@ -27,7 +27,6 @@ from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.replay import JobMarket, job_market, simulate
-
 
 TOLERANCE = 1e-6  # relative difference of objectives that still counts as the same
 

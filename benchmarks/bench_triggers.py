@@ -130,7 +130,9 @@ def measure_phase(kind: str, count: int, seconds: float, poll_interval: float, j
     if kind == "market":
         from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 
-        MarketSpec("trace", options={"path": "gcp"}).observe(datetime(2025, 10, 10, tzinfo=timezone.utc), datetime(2025, 10, 11, tzinfo=timezone.utc))
+        MarketSpec("trace", options={"path": "gcp"}).observe(
+            datetime(2025, 10, 10, tzinfo=timezone.utc), datetime(2025, 10, 11, tzinfo=timezone.utc)
+        )
     return asyncio.run(main())
 
 
@@ -179,7 +181,8 @@ def boundary_latency(args: argparse.Namespace, workdir: Path) -> list[dict]:
                 deferred = again
             applied = time.time()
             if event["reason"] == "boundary":
-                samples.append({"fire_s": fired - boundary.timestamp(), "apply_s": applied - fired, "total_s": applied - boundary.timestamp()})
+                since_boundary = fired - boundary.timestamp()
+                samples.append({"fire_s": since_boundary, "apply_s": applied - fired, "total_s": applied - boundary.timestamp()})
     finally:
         operator.on_kill()
     return samples

@@ -8,7 +8,7 @@ into a test module (``from tests.moto_server import moto_endpoint, aws_env``) to
 from __future__ import annotations
 
 import urllib.request
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from moto.server import ThreadedMotoServer

@@ -80,12 +80,11 @@ def write_test_dags(dags: Path) -> None:
 
 def observe(dag_id: str) -> dict[str, Any]:
     """The latest run of ``dag_id``: task states and tries, and every XCom by task and key."""
-    from sqlalchemy import select
-
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc())).first()

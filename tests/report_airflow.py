@@ -131,10 +131,10 @@ def shared_report_db(tmp_path_factory: pytest.TempPathFactory) -> ReportDb:
 @contextmanager
 def serve_reports(db: ReportDb) -> Iterator[object]:
     """A host FastAPI app with the plugin mounted, on ``db``'s database and auth manager."""
-    from fastapi import FastAPI
-
     from airflow import settings
     from airflow.api_fastapi import app as api_app
+    from fastapi import FastAPI
+
     from airflow_provider_spotsched.plugins.report import SpotschedPlugin
 
     patch = pytest.MonkeyPatch()

@@ -10,8 +10,9 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from airflow_provider_spotsched.runtime.__main__ import main
 

@@ -12,8 +12,8 @@ from airflow_provider_spotsched.scheduling.model import Allocation, Job, Through
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy, supply_curve
 from airflow_provider_spotsched.scheduling.policy import Observation
-from airflow_provider_spotsched.scheduling.rules import is_deadline_safe
 from airflow_provider_spotsched.scheduling.replay import job_market, simulate
+from airflow_provider_spotsched.scheduling.rules import is_deadline_safe
 from tests.markets import make_job, make_market, whole
 
 

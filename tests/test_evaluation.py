@@ -13,6 +13,7 @@ import pytest
 from airflow_provider_spotsched.cli import main
 from airflow_provider_spotsched.market.trace import load_trace
 from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.replay import simulate
 from airflow_provider_spotsched.simulation import evaluation as ev
 from airflow_provider_spotsched.simulation.evaluation import (
     COLUMNS,
@@ -28,7 +29,6 @@ from airflow_provider_spotsched.simulation.evaluation import (
     template_job,
     with_relatives,
 )
-from airflow_provider_spotsched.scheduling.replay import simulate
 from tests.test_cli import write_slice
 
 TINY = dict(n_max=(2,), slack=(1.5,), overhead=(0.1,), base_hours=4.0)

@@ -24,7 +24,8 @@ def cli_document(tmp_path, model: str, at_least: list[int]) -> dict:
     out = tmp_path / "cli.json"
     pools = ["--pools", ",".join(POOLS)]
     extra = ["--at-least", *map(str, at_least)] if at_least else []
-    assert main(["forecast", "--trace", str(GCP_TRACE), "--at", AT, "--horizon", "6", "--model", model, *pools, *extra, "--out", str(out)]) == 0
+    args = ["forecast", "--trace", str(GCP_TRACE), "--at", AT, "--horizon", "6", "--model", model, *pools, *extra]
+    assert main([*args, "--out", str(out)]) == 0
     return json.loads(out.read_text())
 
 
@@ -56,7 +57,8 @@ def test_a_history_store_is_a_market_too(tmp_path):
     at = datetime(2025, 10, 11, 4, 10, tzinfo=timezone.utc)
     MarketHistoryStore(tmp_path / "history").append(spec.observe(at - timedelta(days=3), at + timedelta(hours=1)))
     common = dict(pools=POOLS, at=AT, model="seasonal-naive", horizon=4, history_hours=48.0)
-    from_store = SpotMarketForecastOperator(task_id="a", market={"kind": "history", "options": {"root": str(tmp_path / "history")}}, **common)
+    history = {"kind": "history", "options": {"root": str(tmp_path / "history")}}
+    from_store = SpotMarketForecastOperator(task_id="a", market=history, **common)
     from_trace = SpotMarketForecastOperator(task_id="b", market="gcp", **common)
     assert from_store.execute({}) == from_trace.execute({})
 

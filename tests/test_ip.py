@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+
 import numpy as np
 import pulp
 import pytest

@@ -11,6 +11,7 @@ from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError, Progress, Throughput, advance
 from airflow_provider_spotsched.scheduling.online import BudgetError, OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
 from airflow_provider_spotsched.scheduling.selector_store import (
     SelectorStoreError,
@@ -18,7 +19,6 @@ from airflow_provider_spotsched.scheduling.selector_store import (
     selector_state,
     store_round,
 )
-from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from tests.markets import make_job
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

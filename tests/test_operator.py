@@ -16,17 +16,17 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_spotsched.backends.base import InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local_processes import marked
-from airflow_provider_spotsched.hooks.backend_factory import ConnectionMissingError
 from airflow_provider_spotsched.execution.driver import TrainingFailedError
+from airflow_provider_spotsched.hooks.backend_factory import ConnectionMissingError
 from airflow_provider_spotsched.hooks.local import LocalSpotHook
 from airflow_provider_spotsched.operators.fine_tune import (
     STATE_KEY,
@@ -161,7 +161,7 @@ def test_killing_the_deferred_task_releases_through_the_trigger(tmp_path):
     job = TrainingJob.from_dict(deferred.trigger.job)
     asyncio.run(deferred.trigger.on_kill())
     assert nothing_left(tmp_path, job.job_id)
-    assert all(not i.state in (InstanceState.RUNNING, InstanceState.PENDING) for i in backend(tmp_path).status(job).instances)
+    assert all(i.state not in (InstanceState.RUNNING, InstanceState.PENDING) for i in backend(tmp_path).status(job).instances)
 
 
 def test_a_failing_training_command_fails_the_task_with_its_detail_and_releases(tmp_path):

@@ -11,8 +11,8 @@ from airflow_provider_spotsched.scheduling.model import Allocation, Job, Through
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.optimal import OptimalPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
-from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, on_demand_fallback
 from airflow_provider_spotsched.scheduling.replay import job_market, simulate
+from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, on_demand_fallback
 from tests.markets import make_job, make_market, whole
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import airflow_provider_spotsched as pkg
 
-
 CORE_MODULES = [
     f"airflow_provider_spotsched.{name}"
     for name in (
@@ -99,7 +98,9 @@ def test_every_class_and_module_the_provider_lists_imports():
 def test_airflow_lists_the_provider_and_its_connection_type(tmp_path: Path):
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
     airflow = str(Path(sys.executable).with_name("airflow"))
-    listed = subprocess.run([airflow, "providers", "get", "airflow-provider-spotsched", "-o", "json"], env=env, capture_output=True, text=True)
+    listed = subprocess.run(
+        [airflow, "providers", "get", "airflow-provider-spotsched", "-o", "json"], env=env, capture_output=True, text=True
+    )
     assert listed.returncode == 0, listed.stderr
     (provider,) = json.loads(listed.stdout)
     assert provider == {"Provider": "airflow-provider-spotsched", "Version": pkg.__version__}

@@ -8,11 +8,17 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.report_airflow import (
-    DAG_ID, FINISHED_TASK, IN_PROGRESS_SLOTS, IN_PROGRESS_TASK, SILENT_TASK, ReportDb, serve_reports, shared_report_db,
+    DAG_ID,
+    FINISHED_TASK,
+    IN_PROGRESS_SLOTS,
+    IN_PROGRESS_TASK,
+    SILENT_TASK,
+    ReportDb,
+    serve_reports,
+    shared_report_db,
     token,
 )
 from tests.run_log_samples import POOLS, sample_decision_log, sample_result
-
 
 
 @pytest.fixture(scope="module")

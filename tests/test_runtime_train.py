@@ -9,8 +9,15 @@ import signal
 import pytest
 
 from tests.runtime_support import (
-    TINY_JOB, environment, late_sigterm_ignored, run_forked_workers, run_inline, step_losses, when_progress,
-    write_config)
+    TINY_JOB,
+    environment,
+    late_sigterm_ignored,
+    run_forked_workers,
+    run_inline,
+    step_losses,
+    when_progress,
+    write_config,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -108,8 +115,8 @@ def test_world_size_1_2_1_resumes_at_the_same_sample_and_follows_the_same_curve(
     # uninterrupted one, bit for bit at world size 1 and up to float summation order at 2
     combined = {**step_losses(stage1), **step_losses(stage2), **step_losses(stage3)}
     assert combined.keys() == reference.keys()
-    assert {s: l for s, l in combined.items() if s <= stage1[-1]["step"]} == {
-        s: l for s, l in reference.items() if s <= stage1[-1]["step"]}
+    assert {s: loss for s, loss in combined.items() if s <= stage1[-1]["step"]} == {
+        s: loss for s, loss in reference.items() if s <= stage1[-1]["step"]}
     assert max(abs(combined[s] - reference[s]) for s in reference) < 1e-4
 
 

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.scheduling import selector as selector_module
 from airflow_provider_spotsched.scheduling.model import Allocation
 from airflow_provider_spotsched.scheduling.policies import POLICIES, make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
-from airflow_provider_spotsched.scheduling import selector as selector_module
 from airflow_provider_spotsched.scheduling.selector import (
     ExponentialWeights,
     SelectorPolicy,
@@ -24,7 +25,6 @@ from airflow_provider_spotsched.scheduling.selector import (
     normalised_loss,
     shortfall_losses,
 )
-from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from tests.markets import make_job, make_market
 
 POOL = [

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from io import StringIO
 
 import numpy as np
 import pytest
 
 from airflow_provider_spotsched.market.slots import resample, select_pools
 from airflow_provider_spotsched.market.trace import TraceError, read_trace
-from io import StringIO
 
 HEADER = "timestamp,market,spot_price,available,on_demand_price\n"
 

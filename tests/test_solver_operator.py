@@ -54,7 +54,8 @@ def test_a_new_run_decides_slot_zero_as_the_online_run_does():
     config = RunConfig("tests-solve", Job.from_dict(JOB), tuple(POOLS), policy="chc")
     history = market_at(load_trace(GCP_TRACE), at, 1.0, POOLS)
     direct = OnlineRun.start(config, history.window(history.num_slots - int(HISTORY_HOURS) - 1), at).decide(0.0, at)
-    assert result == {"slot": 0, "allocation": direct.allocation, "plan": direct.plan, "policy": "chc(window=24,commit=4,forecaster=seasonal-naive,terminal_price=marginal)"}
+    policy = "chc(window=24,commit=4,forecaster=seasonal-naive,terminal_price=marginal)"
+    assert result == {"slot": 0, "allocation": direct.allocation, "plan": direct.plan, "policy": policy}
     assert result["plan"][0] == result["allocation"] and len(result["plan"]) == 4  # CHC commits 4 slots
     assert state["run"]["records"][0]["allocation"] == result["allocation"] and state["forecasts"] == {}
 

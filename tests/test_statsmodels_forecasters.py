@@ -173,7 +173,7 @@ class Broken(FittedSeries):
 
     label = "broken"
 
-    def update(self, history: np.ndarray) -> "Broken":
+    def update(self, history: np.ndarray) -> Broken:
         return self
 
     def forecast(self, horizon: int) -> SeriesForecast:

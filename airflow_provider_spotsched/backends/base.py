@@ -12,9 +12,10 @@ from __future__ import annotations
 import enum
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any
 
 from airflow_provider_spotsched.market.launch import LaunchOutcome, LaunchRecorder
 from airflow_provider_spotsched.scheduling.model import Allocation
@@ -51,7 +52,7 @@ class InsufficientCapacityError(BackendError):
         self.pool, self.requested, self.launched = pool, requested, launched
 
     @classmethod
-    def from_shortfalls(cls, shortfalls: list[tuple[str, int, str]]) -> "InsufficientCapacityError":
+    def from_shortfalls(cls, shortfalls: list[tuple[str, int, str]]) -> InsufficientCapacityError:
         """Nothing started: one error for every ``(pool, requested, reason)`` that came up short."""
         return cls(
             ", ".join(pool for pool, _, _ in shortfalls),
@@ -69,7 +70,7 @@ def record_launch(recorder: LaunchRecorder | None, pool: str, requested: int, la
         recorder(LaunchOutcome(datetime.now(timezone.utc), pool, requested, launched, reason))
 
 
-def check_target(job: "TrainingJob", target: Allocation) -> None:
+def check_target(job: TrainingJob, target: Allocation) -> None:
     """Refuse a target that does not fit the job's pools or holds a negative count."""
     if len(target.spot) != len(job.pools) or target.on_demand < 0 or any(n < 0 for n in target.spot):
         raise ValueError(
@@ -113,7 +114,7 @@ class TrainingJob:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TrainingJob":
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainingJob:
         return cls(
             job_id=data["job_id"],
             command=tuple(data["command"]),

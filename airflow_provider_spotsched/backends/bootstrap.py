@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
 from airflow_provider_spotsched.runtime.contract import EXIT_PREEMPTED

@@ -14,7 +14,8 @@ instance is in (its tag or label: the *pool key*) and how the rendezvous is publ
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Generic, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
 
 from airflow_provider_spotsched.backends.base import (
     ON_DEMAND,

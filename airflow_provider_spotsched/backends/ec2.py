@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -85,7 +86,7 @@ class Ec2Placement:
             raise ValueError("an Ec2Placement needs subnet_id or availability_zone (for example 'us-east-1a')")
 
     @classmethod
-    def parse(cls, value: "str | Ec2Placement") -> "Ec2Placement":
+    def parse(cls, value: str | Ec2Placement) -> Ec2Placement:
         """``subnet-...`` is a subnet, any other string an Availability Zone."""
         if isinstance(value, Ec2Placement):
             return value
@@ -111,7 +112,7 @@ class _Instance:
     tags: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_api(cls, data: Mapping[str, Any]) -> "_Instance":
+    def from_api(cls, data: Mapping[str, Any]) -> _Instance:
         return cls(
             instance_id=data["InstanceId"],
             state=data["State"]["Name"],
@@ -149,8 +150,8 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         *,
         instance_type: str,
         image_id: str,
-        pools: Mapping[str, "str | Ec2Placement"],
-        on_demand: "str | Ec2Placement | None" = None,
+        pools: Mapping[str, str | Ec2Placement],
+        on_demand: str | Ec2Placement | None = None,
         key_name: str | None = None,
         security_group_ids: Iterable[str] = (),
         iam_instance_profile: str | None = None,

@@ -27,8 +27,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from google.api_core.exceptions import Conflict, GoogleAPICallError
 from google.cloud import compute_v1

@@ -15,9 +15,10 @@ import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from airflow_provider_spotsched.backends.base import InstanceState
 
@@ -89,7 +90,7 @@ class JobState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobState":
+    def from_dict(cls, data: dict[str, Any]) -> JobState:
         fields = dict(data)
         fields["instances"] = [WorkerRecord(**r) for r in data.get("instances", [])]
         return cls(**fields)

@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import psutil
 

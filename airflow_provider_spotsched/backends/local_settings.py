@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from airflow_provider_spotsched import GCP_TRACE
 from airflow_provider_spotsched.market.shipped import trace_path
@@ -37,7 +38,7 @@ class LocalReplaySettings:
     history_slots: int = DEFAULT_HISTORY_SLOTS
 
     @classmethod
-    def from_extra(cls, extra: Mapping[str, Any], where: str) -> "LocalReplaySettings":
+    def from_extra(cls, extra: Mapping[str, Any], where: str) -> LocalReplaySettings:
         """Settings from connection extras or keyword overrides, naming ``where`` in every error."""
         unknown = sorted(set(extra) - {"workdir", "trace", "seconds_per_slot", "market_start", "history_slots"})
         if unknown:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ class MarketClock:
         start: float | None = None,
         notice_seconds: float | None = None,
         provider_notice_seconds: float = AWS_NOTICE_SECONDS,
-    ) -> "MarketClock":
+    ) -> MarketClock:
         """Replay ``market`` from ``start`` (default: now); the notice defaults to the provider's, sped up."""
         if not seconds_per_slot > 0:
             raise ValueError(f"seconds_per_slot must be > 0, got {seconds_per_slot!r}")
@@ -105,7 +106,7 @@ class MarketClock:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "MarketClock":
+    def from_dict(cls, data: Mapping[str, Any]) -> MarketClock:
         return cls(
             pools=tuple(data["pools"]),
             available=tuple(tuple(int(a) for a in row) for row in data["available"]),

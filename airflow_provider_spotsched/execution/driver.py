@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from airflow_provider_spotsched.backends.base import InstanceState, InsufficientCapacityError, JobStatus, TrainingJob
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
@@ -88,7 +89,7 @@ class RunDriver:
         checkpoint_uri: str | None,
         persist: Persist,
         selector_state: Mapping[str, Any] | None = None,
-    ) -> "RunDriver":
+    ) -> RunDriver:
         """A new run: the job checked against the market and the budget, nothing launched yet.
 
         :param command_for: the training command for a checkpoint location.
@@ -112,7 +113,7 @@ class RunDriver:
         return {"run": self.run.to_state(), "job": self.training.to_dict(), "known_failures": self.known_failures}
 
     @classmethod
-    def from_state(cls, env: SpotEnvironment, state: Mapping[str, Any], persist: Persist) -> "RunDriver":
+    def from_state(cls, env: SpotEnvironment, state: Mapping[str, Any], persist: Persist) -> RunDriver:
         return cls(
             env,
             OnlineRun.from_state(state["run"]),

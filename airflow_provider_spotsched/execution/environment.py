@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from airflow_provider_spotsched.backends.base import ComputeBackend, TrainingJob
 from airflow_provider_spotsched.backends.local import LocalBackend

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from statsmodels.tools.sm_exceptions import ConvergenceWarning
@@ -39,8 +40,8 @@ from airflow_provider_spotsched.forecast.series import (
     SeriesForecast,
     SeriesForecaster,
     check_int,
-    memoised_fit,
     fit_persistence,
+    memoised_fit,
     seasonal_strength,
     single_threaded,
 )
@@ -60,7 +61,7 @@ class RandomWalk(FittedSeries):
         self.last = float(history[-1])
         self.sigma = sigma
 
-    def update(self, history: np.ndarray) -> "RandomWalk":
+    def update(self, history: np.ndarray) -> RandomWalk:
         return RandomWalk(history, self.sigma)
 
     def forecast(self, horizon: int) -> SeriesForecast:
@@ -93,7 +94,7 @@ class FittedArima(FittedSeries):
         self.state = ssm.predicted_state[:, -1].copy()
         self.state_cov = variance_scale * ssm.predicted_state_cov[:, :, -1]
 
-    def update(self, history: np.ndarray) -> "FittedArima":
+    def update(self, history: np.ndarray) -> FittedArima:
         updated = copy.copy(self)
         a, p = self.state, self.state_cov
         for value in (history[self.seen :] - self.center) / self.scale:

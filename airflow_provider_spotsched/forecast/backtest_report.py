@@ -13,6 +13,7 @@ import csv
 import math
 from datetime import datetime, timedelta
 from pathlib import Path
+
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,8 +38,8 @@ from airflow_provider_spotsched.forecast.series import (
     SeriesForecast,
     SeriesForecaster,
     check_int,
-    memoised_fit,
     fit_persistence,
+    memoised_fit,
     seasonal_strength,
     single_threaded,
 )
@@ -67,7 +68,7 @@ class FittedSmoothing(FittedSeries):
         self.season = np.zeros(0)  # the last m seasonal states, oldest first
 
     @classmethod
-    def from_results(cls, results: Any, center: float, scale: float, seen: int) -> "FittedSmoothing":
+    def from_results(cls, results: Any, center: float, scale: float, seen: int) -> FittedSmoothing:
         params = dict(zip(results.param_names, np.asarray(results.params, dtype=float)))
         trend, seasonal = bool(results.has_trend), bool(results.has_seasonal)
         fitted = cls(
@@ -85,7 +86,7 @@ class FittedSmoothing(FittedSeries):
             fitted.season = np.asarray(results.season, dtype=float)[-results.seasonal_periods :].copy()
         return fitted
 
-    def update(self, history: np.ndarray) -> "FittedSmoothing":
+    def update(self, history: np.ndarray) -> FittedSmoothing:
         updated = copy.copy(self)
         level, slope, season = self.level, self.slope, list(self.season)
         for value in (history[self.seen :] - self.center) / self.scale:

@@ -26,7 +26,8 @@ The forecaster's price part is persistence with empirical intervals (:class:`~.s
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class MarkovCount(FittedSeries):
         self.seen_counts[y] = True
         self.smoothing, self.history, self.last = smoothing, history, int(y[-1])
 
-    def update(self, history: np.ndarray) -> "MarkovCount":
+    def update(self, history: np.ndarray) -> MarkovCount:
         return MarkovCount(history, self.smoothing, self.moves, self.history.size)
 
     def transition_matrix(self) -> np.ndarray:

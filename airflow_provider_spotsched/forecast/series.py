@@ -32,8 +32,9 @@ import hashlib
 import logging
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.special import ndtr
@@ -108,7 +109,7 @@ class FittedSeries(ABC):
     label: str
 
     @abstractmethod
-    def update(self, history: np.ndarray) -> "FittedSeries":
+    def update(self, history: np.ndarray) -> FittedSeries:
         """The model with its state carried through ``history`` (an extension of what it has seen),
         its parameters kept: far cheaper than a fit."""
 
@@ -203,7 +204,7 @@ class LaggedCopy(FittedSeries):
         self.season = season
         self.bands: dict[int, tuple[float, float]] = {}  # lag -> (low, high) change quantiles
 
-    def update(self, history: np.ndarray) -> "LaggedCopy":
+    def update(self, history: np.ndarray) -> LaggedCopy:
         updated = copy.copy(self)
         updated.history = history
         return updated
@@ -282,7 +283,7 @@ class Stitched(FittedSeries):
         ranges.append(f"{self.segments[-1][0]}-")
         self.label = "/".join(f"{self.components[c].label}@{r}" for (_, c), r in zip(self.segments, ranges))
 
-    def update(self, history: np.ndarray) -> "Stitched":
+    def update(self, history: np.ndarray) -> Stitched:
         top = None if self.top is None else int(history.max())
         return Stitched([c.update(history) for c in self.components], self.segments, top)
 

@@ -9,9 +9,10 @@ Its slots end with the one that starts at ``at``; the forecast covers the slots 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from airflow.sdk import BaseHook
 
@@ -66,7 +67,7 @@ class BackendSpec:
         return {"name": self.name, "conn_id": self.conn_id, "options": dict(self.options)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "BackendSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> BackendSpec:
         return cls(data["name"], data.get("conn_id"), dict(data.get("options") or {}))
 
 

@@ -7,7 +7,8 @@ workload identity, an ``endpoint_url`` in the extras) works here unchanged; noth
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
 from airflow.providers.google.common.hooks.base_google import GoogleBaseHook

@@ -22,9 +22,10 @@ Kinds and their options:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from airflow_provider_spotsched.market.shipped import trace_path
 from airflow_provider_spotsched.market.source import MarketSource, TraceFileSource
@@ -70,11 +71,11 @@ class MarketSpec(MarketSource):
         return {"kind": self.kind, "conn_id": self.conn_id, "options": dict(self.options)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "MarketSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> MarketSpec:
         return cls(data["kind"], data.get("conn_id"), data.get("options"))
 
     @classmethod
-    def coerce(cls, market: "MarketSpec | Mapping[str, Any] | str") -> "MarketSpec":
+    def coerce(cls, market: MarketSpec | Mapping[str, Any] | str) -> MarketSpec:
         """A spec from a spec, its dict, or a string naming a trace (``"gcp"``, ``"aws"``, a path)."""
         if isinstance(market, MarketSpec):
             return market

@@ -19,9 +19,9 @@ the slot resampling treats the gap as unknown, never as "available".
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable, Sequence
 
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 

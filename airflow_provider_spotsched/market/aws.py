@@ -17,8 +17,9 @@ regions combine with :class:`~.source.CombinedMarketSource`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from airflow_provider_spotsched.market.availability import (
     AvailabilitySignal,
@@ -30,6 +31,7 @@ from airflow_provider_spotsched.market.availability import (
 )
 from airflow_provider_spotsched.market.source import MarketSource, check_window, signal_ticks, trace_from_ticks
 from airflow_provider_spotsched.market.trace import Trace
+
 
 def _utc_now() -> datetime:
     return datetime.now(timezone.utc)

@@ -16,9 +16,10 @@ count (:mod:`.availability`): ``ZONE_RESOURCE_POOL_EXHAUSTED`` gives 0, a succes
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from airflow_provider_spotsched.market.availability import OutcomeReader, by_pool, outcome_signal
 from airflow_provider_spotsched.market.source import MarketSource, check_window, signal_ticks, trace_from_ticks

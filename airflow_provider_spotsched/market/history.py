@@ -24,9 +24,10 @@ import csv
 import gzip
 import io
 import uuid
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.source import Tick, check_window, trace_from_ticks, trace_ticks

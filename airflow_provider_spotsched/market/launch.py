@@ -7,9 +7,9 @@ never the other way round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ the last one seen (the first tick's price before the pool's first tick).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class SlotMarket:
     def num_pools(self) -> int:
         return len(self.pools)
 
-    def window(self, first: int, length: int | None = None) -> "SlotMarket":
+    def window(self, first: int, length: int | None = None) -> SlotMarket:
         """Slots ``first .. first+length-1`` as a market of their own (time 0 = slot ``first``)."""
         end = self.num_slots if length is None else min(self.num_slots, first + length)
         return SlotMarket(
@@ -57,7 +57,7 @@ class SlotMarket:
             on_demand_price=self.on_demand_price,
         )
 
-    def prefix(self, length: int) -> "SlotMarket":
+    def prefix(self, length: int) -> SlotMarket:
         """The first ``length`` slots: what a policy may know after deciding slot ``length-1``."""
         return self.window(0, length)
 

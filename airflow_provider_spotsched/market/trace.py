@@ -11,10 +11,11 @@ import csv
 import gzip
 import io
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO
 
 import numpy as np
 

@@ -27,8 +27,9 @@ import math
 import re
 import shlex
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import Asset, BaseOperator, Context, Variable, conf
 from airflow.sdk.exceptions import AirflowException

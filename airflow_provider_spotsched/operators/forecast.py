@@ -10,14 +10,14 @@ downstream task can read from XCom.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
-from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, forecast_document
-from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, slot_market_at
+from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, MAX_HORIZON, forecast_document, slot_market_at
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.market.trace import parse_instant
 

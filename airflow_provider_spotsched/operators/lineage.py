@@ -16,9 +16,10 @@ as plain names, so it does not need OpenLineage to be built or checked.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from airflow.sdk import Asset, BaseOperator
 
@@ -102,7 +103,7 @@ class AdapterLineage:
     location: tuple[str, str] | None
 
     @classmethod
-    def of(cls, operator: Any, adapter_uri: str | None) -> "AdapterLineage":
+    def of(cls, operator: Any, adapter_uri: str | None) -> AdapterLineage:
         """The lineage of ``operator``'s run, whose adapter the asset event placed at ``adapter_uri``."""
         adapter = openlineage_name(operator.adapter_asset.uri)
         location = openlineage_name(adapter_uri) if adapter_uri else None

@@ -16,8 +16,9 @@ what they observed), and those must see the same forecasts again.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from airflow.sdk import BaseOperator
@@ -101,7 +102,8 @@ class SpotAllocationSolverOperator(BaseOperator):
         record = run.decide(self._work_done(run), at)
         context["ti"].xcom_push(key=RUN_STATE_KEY, value={"run": run.to_state(), "forecasts": forecasts})
         self.log.info("slot %d: %s, plan of %d slot(s) by %s", record.slot, record.allocation, len(record.plan or [1]), run.policy_label)
-        return {"slot": record.slot, "allocation": record.allocation, "plan": record.plan or [record.allocation], "policy": run.policy_label}
+        plan = record.plan or [record.allocation]
+        return {"slot": record.slot, "allocation": record.allocation, "plan": plan, "policy": run.policy_label}
 
     def _start(self, context: Any, at: datetime) -> OnlineRun:
         if not self.job or not self.pools:
@@ -129,7 +131,9 @@ class SpotAllocationSolverOperator(BaseOperator):
             market = slot_market_at(self.market, at, run.market.slot_hours, run.config.pools, self.history_hours)
             run.next_slot(market.spot_price[-1], market.available[-1])
         elif format_timestamp(at) != format_timestamp(run.market_now):
-            raise ValueError(f"at {format_timestamp(at)}: the run's current slot starts at {format_timestamp(run.market_now)}; set at to it")
+            raise ValueError(
+                f"at {format_timestamp(at)}: the run's current slot starts at {format_timestamp(run.market_now)}; set at to it"
+            )
         return run, forecasts
 
     def _work_done(self, run: OnlineRun) -> float:

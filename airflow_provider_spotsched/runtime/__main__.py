@@ -51,8 +51,7 @@ def quiet_libraries() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from airflow_provider_spotsched.runtime.config import ConfigError, TrainConfig
-    from airflow_provider_spotsched.runtime.preemption import (
-        NoticeSource, NoticeWatcher, StopFlag, install_sigterm_handler)
+    from airflow_provider_spotsched.runtime.preemption import NoticeSource, NoticeWatcher, StopFlag, install_sigterm_handler
 
     stop = StopFlag()
     restore_sigterm = install_sigterm_handler(stop)  # first: a SIGTERM during start-up still counts

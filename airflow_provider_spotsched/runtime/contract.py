@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 import fsspec
 
@@ -53,7 +54,7 @@ class Progress:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Progress":
+    def from_dict(cls, data: Mapping[str, Any]) -> Progress:
         """The known fields of ``data``; a missing one keeps its default (a command may write fewer)."""
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 

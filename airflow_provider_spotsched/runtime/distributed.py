@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist

@@ -21,9 +21,9 @@ import signal
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 from urllib.parse import urlparse
 
 NOTICE_WINDOW_S = {"aws": 120.0, "gcp": 30.0}

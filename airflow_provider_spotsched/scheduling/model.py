@@ -8,9 +8,10 @@ and utility are computed. The simulator, every policy that needs a number and ev
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,7 @@ class Job:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Job":
+    def from_dict(cls, data: Mapping[str, Any]) -> Job:
         """Build a job from the spec's JSON object, naming any unknown or missing field."""
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
@@ -168,7 +169,7 @@ class Allocation:
         return sum(self.spot) + self.on_demand
 
     @classmethod
-    def idle(cls, num_pools: int) -> "Allocation":
+    def idle(cls, num_pools: int) -> Allocation:
         return cls((0,) * num_pools, 0)
 
     def check(self, job: Job, available: Sequence[int]) -> None:

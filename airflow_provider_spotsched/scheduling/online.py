@@ -22,9 +22,10 @@ what the training runtime reports, not ``H(n)``; ``H(n)`` remains the policies' 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,9 +35,9 @@ from airflow_provider_spotsched.market.trace import format_timestamp, parse_time
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.replay import JobMarket
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
-from airflow_provider_spotsched.scheduling.replay import JobMarket
 
 STATE_VERSION = 1
 LOG_FORECAST_SLOTS = 24
@@ -87,7 +88,7 @@ class RunConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
         fields = dict(data)
         fields["job"] = Job.from_dict(fields["job"])
         fields["pools"] = tuple(fields["pools"])
@@ -158,7 +159,7 @@ class OnlineRun:
         history: SlotMarket,
         now: datetime,
         selector_state: Mapping[str, Any] | None = None,
-    ) -> "OnlineRun":
+    ) -> OnlineRun:
         """Check the job against the market and the budget; ``history`` ends with slot 0's state.
 
         Raises a :class:`JobError` (or :class:`BudgetError`) naming the field to fix, before
@@ -379,7 +380,7 @@ class OnlineRun:
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "OnlineRun":
+    def from_state(cls, state: Mapping[str, Any]) -> OnlineRun:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             raise ValueError(f"run state must be a version-{STATE_VERSION} document from OnlineRun.to_state()")
         m = state["market"]

@@ -9,9 +9,10 @@ is handed the realised market of the whole job before the first slot.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Any
 
 from airflow_provider_spotsched.market.slots import SlotMarket, resample
 from airflow_provider_spotsched.market.trace import Trace, TraceError, format_timestamp

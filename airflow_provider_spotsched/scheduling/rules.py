@@ -8,7 +8,7 @@ both here means the deadline guarantee is written once.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -22,9 +22,10 @@ import json
 import logging
 import math
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +33,8 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import Allocation, Job
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.replay import DEFAULT_LOOKBACK_HOURS, JobMarket, simulate
+from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 
 STATE_VERSION = 2
 ALGORITHMS = ("hedge", "exp3")
@@ -472,7 +473,7 @@ class SelectorPolicy(Policy):
         return {**settings, "contexts": contexts, "draws": self._draws, "current": current}
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "SelectorPolicy":
+    def from_state(cls, state: Mapping[str, Any]) -> SelectorPolicy:
         """Restore a selector exactly from :meth:`to_state`'s document."""
         if not isinstance(state, Mapping):
             raise SelectorStateError(f"selector state must be a JSON object, got {type(state).__name__}")

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from airflow_provider_spotsched.scheduling.online import OnlineRun
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy

@@ -14,14 +14,14 @@ sensor's return value (XCom), whatever the reason, so downstream can branch on i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from airflow.sdk import BaseSensorOperator
 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
-from airflow_provider_spotsched.market.trace import parse_instant
-from airflow_provider_spotsched.market.trace import format_timestamp
+from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
 from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
 
 DEFAULT_TIMEOUT = timedelta(hours=6)

@@ -16,11 +16,12 @@ import itertools
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,9 +31,9 @@ from airflow_provider_spotsched.market.trace import Trace
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Policy
+from airflow_provider_spotsched.scheduling.replay import JobMarket, SimulationResult, job_market, simulate
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import job_context
-from airflow_provider_spotsched.scheduling.replay import JobMarket, SimulationResult, job_market, simulate
 
 if TYPE_CHECKING:
     from airflow_provider_spotsched.scheduling.selector import Round

@@ -7,8 +7,9 @@ whose policies were not part of the run is skipped rather than drawn empty.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib import colormaps

@@ -17,8 +17,9 @@ from __future__ import annotations
 import io
 import math
 import threading
+from collections.abc import Mapping, Sequence
 from html import escape
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib import colormaps, rc_context

@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
-from airflow_provider_spotsched.market.feed import LiveMarketFeed
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
-from airflow_provider_spotsched.market.trace import parse_instant
+from airflow_provider_spotsched.market.feed import LiveMarketFeed
 from airflow_provider_spotsched.market.slots import SlotMarket
-from airflow_provider_spotsched.market.trace import format_timestamp
+from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
 from airflow_provider_spotsched.scheduling.model import Job
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 
@@ -58,7 +58,8 @@ class StartConditions:
             raise ValueError("no start condition: give price_below, min_available or job (the scheduler's plan)")
         if self.price_below is not None and not (isinstance(self.price_below, (int, float)) and self.price_below > 0):
             raise ValueError(f"price_below must be a spot price > 0 (USD per instance-hour), got {self.price_below!r}")
-        if self.min_available is not None and (isinstance(self.min_available, bool) or not isinstance(self.min_available, int) or self.min_available < 1):
+        count = self.min_available
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
             raise ValueError(f"min_available must be an instance count >= 1, got {self.min_available!r}")
         if not 0 < self.min_probability <= 1:
             raise ValueError(f"min_probability must be in (0, 1], got {self.min_probability!r}")
@@ -228,7 +229,7 @@ class ReplayClock:
     slot_hours: float = 1.0
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ReplayClock":
+    def from_dict(cls, data: Mapping[str, Any]) -> ReplayClock:
         unknown = sorted(set(data) - {"origin", "market_start", "seconds_per_slot", "slot_hours"})
         if unknown:
             raise ValueError(f"replay: unknown field(s) {unknown}; use origin, market_start, seconds_per_slot, slot_hours")

@@ -13,8 +13,9 @@ reason, the instant and the job's status.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Mapping
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from airflow_provider_spotsched.registry import build, load
 from airflow_provider_spotsched.scheduling.policy import Policy
