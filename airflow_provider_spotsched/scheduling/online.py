@@ -167,7 +167,7 @@ class OnlineRun:
         """
         job = config.job
         job.check_feasible()
-        if getattr(run_policy := make_policy(config.policy, config.policy_params), "uses_future", False):
+        if (run_policy := make_policy(config.policy, config.policy_params)).uses_future:
             raise JobError(
                 f"policy={run_policy.label} needs the future market: it is a reference for simulations; "
                 "choose selector, chc, prediction-free, uniform-progress, greedy or on-demand"

@@ -599,7 +599,7 @@ def _build_member(index: int, entry: Mapping[str, Any]) -> Policy:
         member = make_policy(entry["policy"], entry["params"])
     except (TypeError, ValueError) as exc:
         raise ValueError(f"pool[{index}]: {exc}") from None
-    if getattr(member, "uses_future", False):
+    if member.uses_future:
         raise ValueError(f"pool[{index}] ({member.label}) sees the future; the selector is an online policy")
     return member
 

@@ -70,7 +70,7 @@ class CHCPolicy(Policy):
         self.terminal_price = terminal_price
         self.forecaster_name = forecaster
         self.forecaster: Forecaster = make_forecaster(forecaster, params)
-        self.uses_future = bool(getattr(self.forecaster, "uses_future", False))
+        self.uses_future = self.forecaster.uses_future
         self._committed: list[Allocation] = []
 
     def params(self) -> dict[str, Any]:
