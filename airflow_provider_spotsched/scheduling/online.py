@@ -415,8 +415,9 @@ class OnlineRun:
         else:
             work, cost = (work_done or 0.0), self.cost
         previous = Allocation.idle(len(self.config.pools))
-        if slot > 0 and self.records[slot - 1].applied is not None:
-            previous = allocation_from_dict(self.records[slot - 1].applied, self.config.pools)
+        applied = self.records[slot - 1].applied if slot > 0 else None
+        if applied is not None:
+            previous = allocation_from_dict(applied, self.config.pools)
         return Observation(
             job=self.config.job,
             slot=slot,
