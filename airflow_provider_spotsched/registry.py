@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def load(kind: str, table: Mapping[str, str], name: str) -> type:
+def load(kind: str, table: Mapping[str, str], name: str) -> type[Any]:
     """The class that ``table`` maps ``name`` to (``"module:Class"``), imported on first use."""
     if name not in table:
         raise ValueError(f"unknown {kind} {name!r}; choose one of {sorted(table)}")

@@ -262,11 +262,11 @@ class LocalBackend(ComputeBackend):
     def _end_orphans(self, state: JobState) -> None:
         """End every worker on record (supervisor dead): SIGTERM, then SIGKILL after the stop timeout."""
         for record in state.with_process():
-            signal_group(record.pid, record.started, signal.SIGTERM)
+            signal_group(record.worker_pid, record.started, signal.SIGTERM)
         for record in state.with_process():
-            if not wait_gone(record.pid, record.started, self.stop_timeout_s):
-                signal_group(record.pid, record.started, signal.SIGKILL)
-                wait_gone(record.pid, record.started, 5.0)
+            if not wait_gone(record.worker_pid, record.started, self.stop_timeout_s):
+                signal_group(record.worker_pid, record.started, signal.SIGKILL)
+                wait_gone(record.worker_pid, record.started, 5.0)
             record.pid = record.started = None
         for record in state.instances:
             if record.state in (InstanceState.PENDING.value, InstanceState.RUNNING.value):

@@ -57,6 +57,13 @@ class WorkerRecord:
         """Wanted in the worker set: pending or running and not on its way out."""
         return self.state in LIVE_STATES and self.stop_reason is None
 
+    @property
+    def worker_pid(self) -> int:
+        """The pid of the worker process, for a record that :meth:`JobState.with_process` returned."""
+        if self.pid is None:
+            raise RuntimeError(f"instance {self.instance_id} has no worker process to signal")
+        return self.pid
+
 
 @dataclass
 class JobState:

@@ -197,11 +197,11 @@ class Supervisor:
                 record.signalled_at = now
                 if record.live:  # stopping to restart: not training until the new set starts
                     record.state, record.detail = InstanceState.PENDING.value, "restarting for a new worker set"
-                signal_group(record.pid, record.started, signal.SIGTERM)
+                signal_group(record.worker_pid, record.started, signal.SIGTERM)
                 self.log_event("sigterm", record, reason=record.stop_reason or "restart")
             elif not record.killed and now - record.signalled_at > self.stop_timeout_s:
                 record.killed = True
-                signal_group(record.pid, record.started, signal.SIGKILL)
+                signal_group(record.worker_pid, record.started, signal.SIGKILL)
                 self.log_event("sigkill", record)
 
     def launch(self, state: JobState) -> None:

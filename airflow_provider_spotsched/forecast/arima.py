@@ -160,7 +160,7 @@ def fit_arima(y: np.ndarray, season: int = 24, criterion: str = "aic") -> Fitted
         tried.append(f"({p},{d},{q})")
         if results is not None and getattr(results, criterion) < best_score:
             best, best_score, best_order = results, getattr(results, criterion), (p, d, q)
-    if best is None:
+    if best is None or best_order is None:  # set together: either both or neither
         raise FitError(f"no ARIMA order of {', '.join(tried)} converged")
     label = f"arima{best_order}".replace(" ", "")
     if season > 1 and y.size >= 2 * season and seasonal_strength(y, season) >= SEASONAL_STRENGTH:

@@ -171,8 +171,8 @@ class AutoForecaster(SeriesForecaster):
     ) -> np.ndarray:
         """Every candidate's :meth:`backtest`, memoised on the settings they depend on and ``y``."""
         digest = hashlib.blake2b(np.ascontiguousarray(y, dtype=float).tobytes(), digest_size=16).hexdigest()
-        key = (type(self).__qualname__, tuple(c.name for c in candidates), kind, self.season_slots)
-        key += (self.backtest_horizon, tuple(origins), digest)
+        names = tuple(c.name for c in candidates)
+        key = (type(self).__qualname__, names, kind, self.season_slots, self.backtest_horizon, tuple(origins), digest)
         if key in _backtest_cache:
             _backtest_cache.move_to_end(key)
             return _backtest_cache[key]

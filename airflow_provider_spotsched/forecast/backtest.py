@@ -168,7 +168,7 @@ def run_backtest(
             f"lower min_history or the horizon, or use a longer trace"
         )
     forecasters = {name: make_forecaster(name, (params or {}).get(name)) for name in names}
-    if any(getattr(f, "uses_future", False) for f in forecasters.values()):
+    if any(f.uses_future for f in forecasters.values()):
         raise BacktestError("models include the oracle, which reads the realised future; backtest real forecasters")
     runs: dict[str, ModelRun] = {}
     if workers == 1:

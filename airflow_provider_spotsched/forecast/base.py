@@ -59,9 +59,21 @@ def check_request(past: SlotMarket, horizon: int) -> None:
 
 
 class Forecaster(ABC):
-    """Predicts a market's next slots from its past; ``name`` identifies the model."""
+    """Predicts a market's next slots from its past; ``name`` identifies the model.
+
+    A forecaster that reads the realised future (the oracle) sets ``uses_future`` and implements
+    :meth:`reveal`; backtests refuse it.
+    """
 
     name: str = "forecaster"
+    uses_future: bool = False
+
+    def reveal(self, market: SlotMarket) -> None:
+        """Take the job's realised market (slot 0 = submission) before the first forecast.
+
+        Called only when ``uses_future`` is set; a forecaster that sees the past alone refuses it.
+        """
+        raise NotImplementedError(f"forecaster {self.name!r} does not use the future; it takes no realised market")
 
     @abstractmethod
     def forecast(self, past: SlotMarket, horizon: int) -> Forecast:

@@ -103,14 +103,14 @@ class MarketSpec(MarketSource):
         if self.kind == "aws":
             from airflow_provider_spotsched.hooks.market_data import AwsSpotMarketHook
 
-            hook = AwsSpotMarketHook(aws_conn_id=self.conn_id or "aws_default")
-            return hook.get_source(
+            aws_hook = AwsSpotMarketHook(aws_conn_id=self.conn_id or "aws_default")
+            return aws_hook.get_source(
                 options.pop("instance_type"), options.pop("availability_zones"), float(options.pop("on_demand_price")), **options
             )
         from airflow_provider_spotsched.hooks.market_data import GcpSpotMarketHook
 
-        hook = GcpSpotMarketHook(gcp_conn_id=self.conn_id or "google_cloud_default")
-        return hook.get_source(options.pop("machine_type"), options.pop("zones"), **options)
+        gcp_hook = GcpSpotMarketHook(gcp_conn_id=self.conn_id or "google_cloud_default")
+        return gcp_hook.get_source(options.pop("machine_type"), options.pop("zones"), **options)
 
 
 class _HistorySource(MarketSource):

@@ -115,10 +115,15 @@ class AdapterLineage:
 
     def to_openlineage(self) -> Any:
         """As the OpenLineage provider's ``OperatorLineage`` (only that provider calls for it)."""
-        from airflow.providers.common.compat.openlineage.facet import Dataset, Identifier, SymlinksDatasetFacet
+        from airflow.providers.common.compat.openlineage.facet import (
+            Dataset,
+            DatasetFacet,
+            Identifier,
+            SymlinksDatasetFacet,
+        )
         from airflow.providers.openlineage.extractors import OperatorLineage
 
-        facets = {}
+        facets: dict[str, DatasetFacet] = {}
         if self.location is not None:
             namespace, name = self.location
             located = Identifier(namespace=namespace, name=name, type="LOCATION")

@@ -101,8 +101,8 @@ class SpotAllocationSolverOperator(BaseOperator):
             self.log.warning("policy %s plans without a forecast; the forecast given is not used", run.policy_label)
         record = run.decide(self._work_done(run), at)
         context["ti"].xcom_push(key=RUN_STATE_KEY, value={"run": run.to_state(), "forecasts": forecasts})
-        self.log.info("slot %d: %s, plan of %d slot(s) by %s", record.slot, record.allocation, len(record.plan or [1]), run.policy_label)
         plan = record.plan or [record.allocation]
+        self.log.info("slot %d: %s, plan of %d slot(s) by %s", record.slot, record.allocation, len(plan), run.policy_label)
         return {"slot": record.slot, "allocation": record.allocation, "plan": plan, "policy": run.policy_label}
 
     def _start(self, context: Any, at: datetime) -> OnlineRun:

@@ -18,12 +18,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from airflow_provider_spotsched.runtime.config import BUILTIN_DATASET, BUILTIN_MODEL, LoraSettings
 from airflow_provider_spotsched.runtime.data import BUILTIN_DATASETS
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 TINY_GPT2 = {"vocab_size": 2000, "n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 256, "seed": 1234}
 EOS = "<|endoftext|>"
@@ -100,14 +103,15 @@ def load_model_and_tokenizer(name: str) -> tuple[torch.nn.Module, Any]:
     return model, tokenizer
 
 
-def wrap_lora(model: torch.nn.Module, settings: LoraSettings, model_name: str) -> torch.nn.Module:
+def wrap_lora(model: torch.nn.Module, settings: LoraSettings, model_name: str) -> PeftModel:
     """The model with LoRA adapters; only the adapters are trainable."""
     from peft import LoraConfig, get_peft_model
 
     targets = settings.target_modules
     if targets is None and model_name == BUILTIN_MODEL:
         targets = TINY_GPT2_LORA_TARGETS
-    config = LoraConfig(task_type="CAUSAL_LM", r=settings.r, lora_alpha=settings.alpha,
+    # peft annotates lora_alpha as int, yet only divides by it (scaling = alpha / r): a float alpha is valid
+    config = LoraConfig(task_type="CAUSAL_LM", r=settings.r, lora_alpha=settings.alpha,  # type: ignore[arg-type]
                         lora_dropout=settings.dropout, target_modules=list(targets) if targets else None,
                         fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2")
     return get_peft_model(model, config)

@@ -57,7 +57,11 @@ class StopFlag:
 def install_sigterm_handler(flag: StopFlag) -> Callable[[], None]:
     """Make SIGTERM set ``flag``; returns a function that restores the previous handler."""
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: flag.set("sigterm"))
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
 
 
 @dataclass(frozen=True)

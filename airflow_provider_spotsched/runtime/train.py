@@ -348,8 +348,8 @@ class Trainer:
             step_samples = config.global_batch_size or config.batch_size * workers.world_size
             global_count = min(step_samples, config.samples - self.samples_done)
             _, local = rank_share(self.samples_done, global_count, workers.rank, workers.world_size)
-            due = workers.leader and self.interval.due(time.monotonic() - last_checkpoint)
-            stop, due, chunks = workers.all_max([float(self.stop.is_set()), float(due), self._chunks_wanted(local)])
+            due_here = workers.leader and self.interval.due(time.monotonic() - last_checkpoint)
+            stop, due, chunks = workers.all_max([float(self.stop.is_set()), float(due_here), self._chunks_wanted(local)])
             if stop:
                 return self.preempted(discarded=0)
             if due:

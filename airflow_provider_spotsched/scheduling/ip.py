@@ -176,7 +176,7 @@ class _Formulation:
         self._completion()
         objective = self._cost() - self._refund() - self._value()
         if request.terminal_cost_per_work is not None:
-            objective += self._terminal()
+            objective += self._terminal(request.terminal_cost_per_work)
         if request.deadline_safe:
             self._deadline_guard()
         elif request.deadline_safe_end:
@@ -384,11 +384,11 @@ class _Formulation:
             prob += value <= slope * (limit - self.completion) + slack
         return value
 
-    def _terminal(self) -> pulp.LpAffineExpression:
-        """terminal_cost_per_work times the work still left at the window's end."""
+    def _terminal(self, price: float) -> pulp.LpAffineExpression:
+        """``price`` (the request's terminal_cost_per_work) times the work still left at the window's end."""
         rest = self.prob.add_variable("rest", 0)
         self.prob += rest >= 1 - self.work[-1]
-        return self.request.terminal_cost_per_work * self.left * rest
+        return price * self.left * rest
 
     def _safe_after(self, t: int) -> None:
         """After slot t, the work left is finishable by d on N_max on-demand instances.

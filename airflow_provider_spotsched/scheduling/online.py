@@ -167,7 +167,7 @@ class OnlineRun:
         """
         job = config.job
         job.check_feasible()
-        if getattr(run_policy := make_policy(config.policy, config.policy_params), "uses_future", False):
+        if (run_policy := make_policy(config.policy, config.policy_params)).uses_future:
             raise JobError(
                 f"policy={run_policy.label} needs the future market: it is a reference for simulations; "
                 "choose selector, chc, prediction-free, uniform-progress, greedy or on-demand"
@@ -277,7 +277,7 @@ class OnlineRun:
             raise ValueError("decide the current slot before recording what was applied")
         self.records[-1].applied = allocation_to_dict(allocation, self.config.pools)
 
-    def next_slot(self, spot_price: Sequence[float], available: Sequence[int]) -> None:
+    def next_slot(self, spot_price: Sequence[float] | np.ndarray, available: Sequence[int] | np.ndarray) -> None:
         """Move past the decided current slot; a decision nobody reported on is billed as decided.
 
         For callers with no backend to ask what ran (the step-by-step solver operator).
@@ -288,7 +288,7 @@ class OnlineRun:
             self.applied(allocation_from_dict(self.records[-1].allocation, self.config.pools))
         self.observe(spot_price, available)
 
-    def observe(self, spot_price: Sequence[float], available: Sequence[int]) -> None:
+    def observe(self, spot_price: Sequence[float] | np.ndarray, available: Sequence[int] | np.ndarray) -> None:
         """The next slot boundary: bill the slot just ended and add the new market row."""
         self.cost += self._slot_bill(self.config.job.slot_hours)
         self.market = SlotMarket(
@@ -415,8 +415,9 @@ class OnlineRun:
         else:
             work, cost = (work_done or 0.0), self.cost
         previous = Allocation.idle(len(self.config.pools))
-        if slot > 0 and self.records[slot - 1].applied is not None:
-            previous = allocation_from_dict(self.records[slot - 1].applied, self.config.pools)
+        applied = self.records[slot - 1].applied if slot > 0 else None
+        if applied is not None:
+            previous = allocation_from_dict(applied, self.config.pools)
         return Observation(
             job=self.config.job,
             slot=slot,

@@ -279,6 +279,7 @@ class _Window:
         finish = self._knapsack(self.unit_table, self.unit_prefix, t, remaining) + self.overhead_cost[t]
         earliest = self.start + t * self.s + self.delta + remaining / self.rate_max
         finish = finish - self._value(earliest)
+        stop: float | np.ndarray  # a scalar without a terminal price, one bound per label with one
         if self.terminal is None:
             stop = 0.0
         else:

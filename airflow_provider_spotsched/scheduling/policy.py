@@ -61,14 +61,24 @@ class Policy(ABC):
     Subclasses set ``name`` and keep whatever per-job state they need, cleared by :meth:`reset`.
     A policy that plans on forecasts keeps its model in ``forecaster``, which a caller holding
     forecasts of its own (the step-by-step solver operator) may replace; ``None``: the policy plans
-    without forecasts.
+    without forecasts. A reference policy that needs the job's realised market (the hindsight
+    optimum) sets ``uses_future`` and implements :meth:`reveal`; no online run accepts it.
     """
 
     name: str = "policy"
     forecaster: Forecaster | None = None
+    uses_future: bool = False
 
     def reset(self, job: Job) -> None:  # noqa: B027 - optional hook
         """Forget any state from a previous job; called before the first slot."""
+
+    def reveal(self, market: SlotMarket) -> None:
+        """Take the job's realised market (slot 0 = submission) before the first slot.
+
+        Called only when ``uses_future`` is set; a policy that plans on the past alone has no use
+        for the future, so it refuses it.
+        """
+        raise NotImplementedError(f"policy {self.name!r} does not use the future; it takes no realised market")
 
     @abstractmethod
     def decide(self, observation: Observation) -> Allocation:

@@ -90,7 +90,7 @@ def simulate(policy: Policy, job: Job, job_market: JobMarket) -> SimulationResul
     if market.num_slots < offset + job.horizon_slots:
         raise TraceError(f"the market has {market.num_slots - offset} slots after submission; the job needs {job.horizon_slots}")
     policy.reset(job)
-    if getattr(policy, "uses_future", False):
+    if policy.uses_future:
         policy.reveal(job_market.job_slots)
     progress = Progress()
     allocations: list[Allocation] = []

@@ -139,20 +139,20 @@ class ExponentialWeights:
         index = min(int(np.searchsorted(np.cumsum(p), u, side="right")), int(np.flatnonzero(p)[-1]))
         return index, float(p[index])
 
-    def learn_full(self, losses: Sequence[float]) -> None:
+    def learn_full(self, losses: Sequence[float] | np.ndarray) -> None:
         """A full-information round: every member's loss in [0, 1]."""
-        losses = np.asarray(losses, dtype=float)
-        if losses.shape != self.cumulative_loss.shape or not np.all((losses >= 0) & (losses <= 1)):
-            raise ValueError(f"losses must be {self.num_members} numbers in [0, 1], got {losses.tolist()}")
+        loss = np.asarray(losses, dtype=float)
+        if loss.shape != self.cumulative_loss.shape or not np.all((loss >= 0) & (loss <= 1)):
+            raise ValueError(f"losses must be {self.num_members} numbers in [0, 1], got {loss.tolist()}")
         p, eta = self.probabilities(), self.eta()
-        played = float(p @ losses)
+        played = float(p @ loss)
         if math.isinf(eta):  # the mix loss of following the leaders is the least loss among them
-            mix = float(losses[p > 0].min())
+            mix = float(loss[p > 0].min())
         else:  # -1/eta ln sum_i p_i exp(-eta l_i), in log space: p_i may underflow at a large eta
             log_weights = -eta * (self.cumulative_loss - self.cumulative_loss.min())
-            mix = (_log_sum_exp(log_weights) - _log_sum_exp(log_weights - eta * losses)) / eta
+            mix = (_log_sum_exp(log_weights) - _log_sum_exp(log_weights - eta * loss)) / eta
         self.mixability_gap += max(played - mix, 0.0)
-        self.cumulative_loss += losses
+        self.cumulative_loss += loss
         self.rounds += 1
 
     def learn_bandit(self, index: int, loss: float, probability: float) -> None:
@@ -558,7 +558,7 @@ def _warm_up_windows(past: SlotMarket, job: Job, rounds: int) -> list[tuple[Job,
     base = math.floor(past.start.timestamp() / slot_seconds + 1e-9)
     end = past.num_slots - (base + past.num_slots) % stride
     lookback = int(DEFAULT_LOOKBACK_HOURS // job.slot_hours)
-    windows = []
+    windows: list[tuple[Job, JobMarket]] = []
     while len(windows) < rounds and end - length >= 0:
         start = end - length
         history = min(start, lookback)
@@ -599,7 +599,7 @@ def _build_member(index: int, entry: Mapping[str, Any]) -> Policy:
         member = make_policy(entry["policy"], entry["params"])
     except (TypeError, ValueError) as exc:
         raise ValueError(f"pool[{index}]: {exc}") from None
-    if getattr(member, "uses_future", False):
+    if member.uses_future:
         raise ValueError(f"pool[{index}] ({member.label}) sees the future; the selector is an online policy")
     return member
 
@@ -664,7 +664,7 @@ def _read_learner(context: str, learned: Any, labels: Sequence[str], algorithm: 
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)  # np.bool_ for numpy ints
 
 
 def _is_number(value: Any) -> bool:

@@ -115,6 +115,8 @@ class SpotMarketSensor(BaseSensorOperator):
         )
         replay = None
         if self.market_start is not None:
+            if self.seconds_per_slot is None:  # __init__ takes both or neither
+                raise ValueError("market_start and seconds_per_slot go together (a replayed trace); give both or neither")
             replay = {
                 "origin": now.isoformat(),
                 "market_start": format_timestamp(parse_instant(self.market_start, "market_start")),

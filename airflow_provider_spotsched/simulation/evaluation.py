@@ -33,7 +33,7 @@ from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket, SimulationResult, job_market, simulate
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
-from airflow_provider_spotsched.scheduling.selector import job_context
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, job_context
 
 if TYPE_CHECKING:
     from airflow_provider_spotsched.scheduling.selector import Round
@@ -91,6 +91,14 @@ POLICY_SPECS: dict[str, PolicySpec] = _policy_specs()
 # The default grid runs every policy but CHC on seasonal-naive forecasts, which the statsmodels
 # forecasters (chc-auto) superseded; name it with --policies to compare them.
 DEFAULT_POLICIES: tuple[str, ...] = tuple(key for key in POLICY_SPECS if key != "chc-seasonal-naive")
+
+
+def _build_selector(seed: int) -> SelectorPolicy:
+    """The evaluated selector, typed as one: its rounds, weights and state are used beyond :class:`Policy`."""
+    policy = POLICY_SPECS[SELECTOR].build(seed)
+    if not isinstance(policy, SelectorPolicy):
+        raise EvaluationError(f"policy spec {SELECTOR!r} built a {type(policy).__name__}, not a SelectorPolicy")
+    return policy
 
 
 @dataclass(frozen=True)
@@ -310,7 +318,7 @@ def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], se
     for key in keys:
         spec = POLICY_SPECS[key]
         rows.append(make_row(scenario, spec, simulate(spec.build(config.seed + scenario.index), job, market)))
-    utilities = POLICY_SPECS[SELECTOR].build(config.seed).counterfactual_utilities(job, market) if selector else None
+    utilities = _build_selector(config.seed).counterfactual_utilities(job, market) if selector else None
     return ScenarioRun(scenario, rows, utilities)
 
 
@@ -332,7 +340,7 @@ def run_selector(
     whole sequence).
     """
     spec = POLICY_SPECS[SELECTOR]
-    selector = spec.build(config.seed)
+    selector = _build_selector(config.seed)
     trace = cached_trace(runs[0].scenario.trace)
     ordered = sorted(runs, key=lambda r: r.scenario.index)
     draws = draw_numbers or {run.scenario.index: n for n, run in enumerate(ordered)}
@@ -361,6 +369,8 @@ def run_selector(
         selector.set_next_draw(draws[scenario.index])
         row = make_row(scenario, spec, simulate(selector, job, market))  # the round opens at slot 0
         played = selector.current_round
+        if played is None:
+            raise EvaluationError(f"the selector opened no round on scenario {scenario.index}, yet it draws one at slot 0")
         if fresh:
             warm_up[context] = selector.rounds_learnt(job)
         plays.append({
@@ -421,7 +431,8 @@ def with_relatives(rows: Sequence[Row]) -> list[Row]:
     reference: dict[tuple[Any, ...], Row] = {}
     for row in rows:
         if row.policy in ("optimal", "on-demand"):
-            reference[(row.policy, *row.scenario_key)] = row
+            key = (row.policy, *row.scenario_key)  # mypy reads reference[(a, *b)] as 3.11's starred index a[*b]
+            reference[key] = row
     out = []
     for row in rows:
         best = reference.get(("optimal", *row.scenario_key))

@@ -25,6 +25,7 @@ import numpy as np
 from matplotlib import colormaps, rc_context
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.typing import ColorType
 
 from airflow_provider_spotsched.market.trace import parse_timestamp
 
@@ -304,7 +305,9 @@ def instances_over_time(series: RunSeries) -> Figure:
     ax = figure.subplots()
     bottom = np.zeros(len(series.log))
     colours = colormaps["tab20"]
-    layers = [(pool, series.spot(pool), colours(i % 20), None) for i, pool in enumerate(series.pools)]
+    # (label, per-slot values, colour, hatch): the on-demand layer alone has a hatch
+    layers: list[tuple[str, np.ndarray, ColorType, str | None]] = [
+        (pool, series.spot(pool), colours(i % 20), None) for i, pool in enumerate(series.pools)]
     layers.append(("on-demand", series.on_demand(), ON_DEMAND_COLOUR, "//"))
     for label, values, colour, hatch in layers:
         ax.bar(series.hours, np.nan_to_num(values), width=series.slot_hours, bottom=bottom, align="edge",

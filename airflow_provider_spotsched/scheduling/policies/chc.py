@@ -54,8 +54,11 @@ class CHCPolicy(Policy):
                 f"commit must be an integer in [1, window={window}] (slots committed per plan), got {commit!r}"
             )
         named = isinstance(terminal_price, str) and terminal_price in TERMINAL_PRICES
-        number = not isinstance(terminal_price, (bool, str)) and isinstance(terminal_price, (int, float))
-        number = number and terminal_price >= 0
+        number = (
+            not isinstance(terminal_price, (bool, str))
+            and isinstance(terminal_price, (int, float))
+            and terminal_price >= 0
+        )
         if not (named or number):
             raise ValueError(
                 f"terminal_price must be one of {TERMINAL_PRICES} or a number >= 0 (USD per work unit), "
@@ -70,7 +73,7 @@ class CHCPolicy(Policy):
         self.terminal_price = terminal_price
         self.forecaster_name = forecaster
         self.forecaster: Forecaster = make_forecaster(forecaster, params)
-        self.uses_future = bool(getattr(self.forecaster, "uses_future", False))
+        self.uses_future = self.forecaster.uses_future
         self._committed: list[Allocation] = []
 
     def params(self) -> dict[str, Any]:
