@@ -29,10 +29,11 @@ demo: $(INSTALLED)
 		|| { echo "the demo DAG did not finish: see $(DEMO_HOME)/demo.log"; exit 1; }
 
 # Airflow's UI on the demo's AIRFLOW_HOME (http://localhost:8080; the login is printed at start).
+# `airflow standalone` starts its components as `airflow` from PATH: the virtualenv comes first.
 ui: $(INSTALLED)
 	mkdir -p $(DEMO_HOME)
 	$(DEMO_ENV) $(BIN)/airflow db migrate > $(DEMO_HOME)/migrate.log
-	$(DEMO_ENV) $(BIN)/airflow standalone
+	PATH=$(CURDIR)/$(BIN):$$PATH $(DEMO_ENV) $(BIN)/airflow standalone
 
 # A short evaluation of the policies on both shipped traces.
 demo-evaluate: $(INSTALLED)
