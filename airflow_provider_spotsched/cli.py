@@ -25,6 +25,7 @@ from airflow_provider_spotsched.forecast import FORECASTERS, Forecaster, make_fo
 from airflow_provider_spotsched.forecast.backtest import BacktestError, run_backtest
 from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, forecast_document, market_at
 from airflow_provider_spotsched.market.slots import resample
+from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate, write_trace
 from airflow_provider_spotsched.market.trace import Trace, TraceError, load_trace, parse_timestamp
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
 from airflow_provider_spotsched.scheduling.model import Job
@@ -226,6 +227,24 @@ def _start_run(
     return driver
 
 
+def cmd_synth(args: argparse.Namespace) -> int:
+    """Write a seeded synthetic market (docs/evaluation.md: markets the project has never seen)."""
+    try:
+        config = SyntheticMarketConfig(
+            seed=args.seed, pools=args.pools, days=args.days, regimes=not args.no_regimes,
+            diurnal_amplitude=args.diurnal_amplitude, collapses_per_week=args.collapses_per_week,
+        )
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    market = generate(config)
+    try:
+        path = write_trace(market, args.out)
+    except OSError as exc:
+        raise InputError(f"--out {args.out}: cannot write ({exc.strerror})") from None
+    print(f"{config.pools} pools, {config.days:g} days, {len(market.collapses)} collapse(s), seed {config.seed} -> {path}")
+    return 0
+
+
 def _job_id(path: Path) -> str:
     """A job id from the job file's name: running the same file again re-attaches to its run."""
     readable = re.sub(r"[^a-z0-9-]+", "-", path.stem.lower()).strip("-")
@@ -424,6 +443,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--selector-state", type=Path, help="the selector's learnt state (default: WORKDIR/selector.json)")
     run.add_argument("--out", type=Path, help="result JSON with the decision log")
     run.set_defaults(run=cmd_run)
+
+    syn = commands.add_parser("synth", help="write a seeded synthetic spot market as a trace file")
+    syn.add_argument("--out", type=Path, required=True, help="trace file to write (.csv or .csv.gz)")
+    syn.add_argument("--seed", type=int, default=0, help="random seed (the same seed, the same market)")
+    syn.add_argument("--pools", type=int, default=6, help="spot pools (1..26)")
+    syn.add_argument("--days", type=float, default=21.0, help="length in days")
+    syn.add_argument("--no-regimes", action="store_true", help="availability always plentiful (no regime switching)")
+    syn.add_argument("--diurnal-amplitude", type=float, default=0.3, help="daily price cycle, fraction of the mean (0: flat)")
+    syn.add_argument("--collapses-per-week", type=float, default=1.0, help="all pools at 0 capacity, times per week")
+    syn.set_defaults(run=cmd_synth)
     return parser
 
 
