@@ -38,7 +38,8 @@ def test_only_the_last_k_checkpoints_are_kept(tmp_path):
 
 @pytest.mark.parametrize("corruption", ["flip a byte", "truncate", "garbled manifest", "no payload"])
 def test_a_corrupt_newest_checkpoint_is_detected_and_the_previous_one_used(tmp_path, corruption):
-    store = CheckpointStore(str(tmp_path))
+    messages: list[str] = []
+    store = CheckpointStore(str(tmp_path), log=messages.append)
     store.save(1, state(1))
     store.save(2, state(2))
     newest = tmp_path / "checkpoints" / "ckpt-000000002"
@@ -59,6 +60,7 @@ def test_a_corrupt_newest_checkpoint_is_detected_and_the_previous_one_used(tmp_p
     expected = {"flip a byte": "checksum mismatch", "truncate": "checksum mismatch",
                 "garbled manifest": "unreadable manifest", "no payload": "payload missing"}[corruption]
     assert why.startswith("ckpt-000000002: ") and expected in why
+    assert messages == [f"checkpoint ckpt-000000002 skipped: {why.split(': ', 1)[1]}"]
 
 
 @pytest.mark.parametrize("killed_at_fsync", [1, 3], ids=["writing the payload", "writing the manifest"])
@@ -132,3 +134,82 @@ def test_fsspec_urls_work_through_the_same_code(tmp_path):
     store.fs.pipe_file(store.path("checkpoints", "ckpt-000000003", "state.pt"), b"partial upload")
     assert store.load_latest().name == "ckpt-000000002"
     store.fs.rm(store.path(), recursive=True)
+
+
+def manifest_of(directory) -> dict:
+    return json.loads((directory / "manifest.json").read_text())
+
+
+def without(key: str):
+    return lambda manifest: {k: v for k, v in manifest.items() if k != key}
+
+
+def with_field(key: str, value):
+    return lambda manifest: {**manifest, key: value}
+
+
+def rewrite_manifest(change):
+    def corrupt(directory) -> None:
+        (directory / "manifest.json").write_text(json.dumps(change(manifest_of(directory))))
+    return corrupt
+
+
+def write_manifest_bytes(data: bytes):
+    return lambda directory: (directory / "manifest.json").write_bytes(data)
+
+
+def payload_a_directory(directory) -> None:
+    (directory / "state.pt").unlink()
+    (directory / "state.pt").mkdir()
+
+
+def manifest_a_directory(directory) -> None:
+    (directory / "manifest.json").unlink()
+    (directory / "manifest.json").mkdir()
+
+
+def payload_one_byte_longer(directory) -> None:
+    with open(directory / "state.pt", "ab") as handle:
+        handle.write(b"\0")
+
+
+MANIFEST_CORRUPTIONS = {
+    "empty object": (write_manifest_bytes(b"{}"), "malformed manifest (no payload, bytes, sha256)"),
+    "array": (write_manifest_bytes(b"[]"), "malformed manifest ([] is not an object)"),
+    "null": (write_manifest_bytes(b"null"), "malformed manifest (null is not an object)"),
+    "no sha256": (rewrite_manifest(without("sha256")), "malformed manifest (no sha256)"),
+    "no bytes": (rewrite_manifest(without("bytes")), "malformed manifest (no bytes)"),
+    "no payload key": (rewrite_manifest(without("payload")), "malformed manifest (no payload)"),
+    "bytes a string": (rewrite_manifest(with_field("bytes", "4096")),
+                       "malformed manifest (bytes is '4096', not a size in bytes)"),
+    "bytes a boolean": (rewrite_manifest(with_field("bytes", True)),
+                        "malformed manifest (bytes is True, not a size in bytes)"),
+    "sha256 not a digest": (rewrite_manifest(with_field("sha256", 42)),
+                            "malformed manifest (sha256 is 42, not a hex SHA-256 digest)"),
+    "payload outside the checkpoint": (rewrite_manifest(with_field("payload", "../ckpt-000000001/state.pt")),
+                                       "malformed manifest (payload is '../ckpt-000000001/state.pt', "
+                                       "not a file name)"),
+    "not UTF-8": (write_manifest_bytes(b"\x80\x81 not text"), "unreadable manifest (not UTF-8"),
+    "not JSON": (write_manifest_bytes(b"step=2\n"), "unreadable manifest (Expecting value"),
+    "manifest a directory": (manifest_a_directory, "manifest is a directory"),
+    "payload a directory": (payload_a_directory, "payload is a directory"),
+    "payload of the wrong size": (payload_one_byte_longer, "checksum mismatch"),
+}
+
+
+@pytest.mark.parametrize("corruption", MANIFEST_CORRUPTIONS)
+def test_a_checkpoint_whose_manifest_or_payload_has_the_wrong_shape_is_reported_and_skipped(tmp_path, corruption):
+    """A bad manifest is a corrupt checkpoint like a bad payload: the runtime must not crash-loop on it."""
+    corrupt, expected = MANIFEST_CORRUPTIONS[corruption]
+    store = CheckpointStore(str(tmp_path))
+    store.save(1, state(1))
+    store.save(2, state(2))
+    corrupt(tmp_path / "checkpoints" / "ckpt-000000002")
+    messages: list[str] = []
+    loaded = CheckpointStore(str(tmp_path), log=messages.append).load_latest()
+    assert loaded.name == "ckpt-000000001" and loaded.state["step"] == 1
+    (why,) = loaded.skipped
+    assert why.startswith(f"ckpt-000000002: {expected}")
+    assert messages == [f"checkpoint {why.replace(': ', ' skipped: ', 1)}"]
+    with pytest.raises(ValueError, match="ckpt-000000002"):
+        store.load("ckpt-000000002")  # what a non-leader rank would call: a clear error, no crash of another kind

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 import fsspec
 import torch
@@ -37,6 +37,8 @@ CHECKPOINTS = "checkpoints"
 PAYLOAD = "state.pt"
 MANIFEST = "manifest.json"
 NAME = re.compile(r"^ckpt-(\d{9})$")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+PARTIAL = "no manifest (partial checkpoint: its writer stopped before finishing)"
 
 
 def checkpoint_name(step: int) -> str:
@@ -45,6 +47,39 @@ def checkpoint_name(step: int) -> str:
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class Unusable(ValueError):
+    """Why a checkpoint cannot be loaded, and whether that is a reason to delete it.
+
+    ``corrupt``: its manifest is malformed or its payload does not match it, for good;
+    ``partial``: no manifest, so its writer may still be running; ``unreadable``: a read error,
+    which may pass. Only a corrupt checkpoint is deleted for what is wrong with it, the others
+    only for their age.
+    """
+
+    def __init__(self, why: str, problem: Literal["corrupt", "partial", "unreadable"]) -> None:
+        super().__init__(why)
+        self.problem = problem
+
+
+def manifest_fields(manifest: Any) -> tuple[str, int, str]:
+    """The payload's file name, size and SHA-256 that a parsed manifest gives; Unusable if it lacks one."""
+    if not isinstance(manifest, dict):
+        raise Unusable(f"malformed manifest ({json.dumps(manifest)[:40]} is not an object)", "corrupt")
+    missing = [key for key in ("payload", "bytes", "sha256") if key not in manifest]
+    if missing:
+        raise Unusable(f"malformed manifest (no {', '.join(missing)})", "corrupt")
+    payload, size, digest = manifest["payload"], manifest["bytes"], manifest["sha256"]
+    if not isinstance(payload, str) or payload in ("", ".", "..") or "/" in payload:
+        problem = f"payload is {payload!r}, not a file name"  # nor a path out of its checkpoint
+    elif not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        problem = f"bytes is {size!r}, not a size in bytes"
+    elif not isinstance(digest, str) or not SHA256.fullmatch(digest):
+        problem = f"sha256 is {digest!r}, not a hex SHA-256 digest"
+    else:
+        return payload, size, digest
+    raise Unusable(f"malformed manifest ({problem})", "corrupt")
 
 
 @dataclass(frozen=True)
@@ -114,39 +149,61 @@ class CheckpointStore:
         names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries]
         return sorted((n for n in names if NAME.match(n)), reverse=True)
 
-    def _verify(self, name: str) -> dict[str, Any]:
-        """The manifest of a complete checkpoint whose payload matches it; ValueError says why not."""
+    def _read(self, name: str, file: str, what: str) -> bytes | None:
+        """One file of checkpoint ``name``, None if it is absent; Unusable if it cannot be read."""
         try:
-            manifest = json.loads(self.fs.cat_file(self.path(CHECKPOINTS, name, MANIFEST)))
+            return self.fs.cat_file(self.path(CHECKPOINTS, name, file))
         except FileNotFoundError:
-            raise ValueError("no manifest (partial checkpoint: its writer stopped before finishing)") from None
-        except json.JSONDecodeError as error:
-            raise ValueError(f"unreadable manifest ({error})") from None
-        try:
-            data = self.fs.cat_file(self.path(CHECKPOINTS, name, manifest["payload"]))
-        except FileNotFoundError:
-            raise ValueError("payload missing") from None
-        if len(data) != manifest["bytes"] or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
-            raise ValueError(f"checksum mismatch ({len(data)} bytes read, {manifest['bytes']} expected): corrupt")
-        manifest["_data"] = data
-        return manifest
+            return None
+        except IsADirectoryError:
+            raise Unusable(f"{what} is a directory", "corrupt") from None
+        except OSError as error:
+            raise Unusable(f"{what} could not be read ({error})", "unreadable") from None
 
-    def latest_valid(self) -> tuple[str | None, tuple[str, ...]]:
-        """The newest checkpoint that passes its checksum (None if none), and the skipped ones."""
+    def _verify(self, name: str) -> bytes:
+        """The payload of a complete checkpoint, matching its manifest; Unusable says why not."""
+        raw = self._read(name, MANIFEST, "manifest")
+        if raw is None:
+            raise Unusable(PARTIAL, "partial")
+        try:
+            manifest = json.loads(raw)
+        except UnicodeDecodeError:
+            raise Unusable("unreadable manifest (not UTF-8 text)", "corrupt") from None
+        except json.JSONDecodeError as error:
+            raise Unusable(f"unreadable manifest ({error})", "corrupt") from None
+        payload, size, digest = manifest_fields(manifest)
+        data = self._read(name, payload, "payload")
+        if data is None:
+            raise Unusable("payload missing", "corrupt")
+        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+            raise Unusable(f"checksum mismatch ({len(data)} bytes read, {size} expected): corrupt", "corrupt")
+        return data
+
+    def _newest_valid(self) -> tuple[str | None, list[tuple[str, Unusable]]]:
+        """The newest checkpoint that passes its checksum (None if none), and the newer ones with why not."""
         skipped = []
         for name in self.names():
             try:
                 self._verify(name)
-            except ValueError as why:
-                skipped.append(f"{name}: {why}")
-                self.log(f"checkpoint {name} skipped: {why}")
+            except Unusable as why:
+                skipped.append((name, why))
                 continue
-            return name, tuple(skipped)
-        return None, tuple(skipped)
+            return name, skipped
+        return None, skipped
+
+    def latest_valid(self) -> tuple[str | None, tuple[str, ...]]:
+        """The newest checkpoint that passes its checksum (None if none), and the skipped ones (logged)."""
+        name, skipped = self._newest_valid()
+        for newer, why in skipped:
+            self.log(f"checkpoint {newer} skipped: {why}")
+        return name, tuple(f"{newer}: {why}" for newer, why in skipped)
 
     def load(self, name: str) -> dict[str, Any]:
-        """The state of checkpoint ``name``, checksum verified."""
-        data = self._verify(name)["_data"]
+        """The state of checkpoint ``name``, checksum verified; the error names it (other ranks call this)."""
+        try:
+            data = self._verify(name)
+        except Unusable as why:
+            raise Unusable(f"checkpoint {name}: {why}", why.problem) from None
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
     def load_latest(self) -> Loaded | None:
@@ -185,4 +242,3 @@ class CheckpointStore:
                     self.fs.rm(entry)
                     removed.append(entry.rsplit("/", 1)[-1])
         return removed
-
