@@ -213,3 +213,86 @@ def test_a_checkpoint_whose_manifest_or_payload_has_the_wrong_shape_is_reported_
     assert messages == [f"checkpoint {why.replace(': ', ' skipped: ', 1)}"]
     with pytest.raises(ValueError, match="ckpt-000000002"):
         store.load("ckpt-000000002")  # what a non-leader rank would call: a clear error, no crash of another kind
+
+
+def flip_a_byte(directory) -> None:
+    payload = directory / "state.pt"
+    data = bytearray(payload.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    payload.write_bytes(bytes(data))
+
+
+def test_pruning_keeps_the_k_newest_valid_checkpoints_when_the_newest_ones_are_corrupt(tmp_path):
+    writer = CheckpointStore(str(tmp_path), keep=4)
+    for step in (1, 2, 3, 4):
+        writer.save(step, state(step))
+    flip_a_byte(tmp_path / "checkpoints" / "ckpt-000000004")
+    flip_a_byte(tmp_path / "checkpoints" / "ckpt-000000003")
+    messages: list[str] = []
+    store = CheckpointStore(str(tmp_path), keep=2, log=messages.append)
+    store.prune()
+    assert store.names() == ["ckpt-000000002", "ckpt-000000001"]
+    assert store.load_latest().name == "ckpt-000000002"
+    assert [m.split(" (")[0] for m in messages] == [
+        "checkpoint ckpt-000000004 removed: checksum mismatch", "checkpoint ckpt-000000003 removed: checksum mismatch"]
+
+
+def test_a_save_after_every_checkpoint_went_bad_is_never_pruned_away(tmp_path):
+    """Training restarted from zero: its step-0 checkpoint is older than the corrupt ones, and the only valid one."""
+    store = CheckpointStore(str(tmp_path), keep=2)
+    store.save(5, state(5))
+    store.save(6, state(6))
+    flip_a_byte(tmp_path / "checkpoints" / "ckpt-000000006")
+    rewrite_manifest(without("sha256"))(tmp_path / "checkpoints" / "ckpt-000000005")
+    assert store.load_latest() is None
+    store.save(0, state(0))
+    assert store.names() == ["ckpt-000000000"]
+    assert store.load_latest().name == "ckpt-000000000"
+
+
+def test_a_checkpoint_that_cannot_be_read_is_skipped_but_not_deleted_for_it(tmp_path, monkeypatch):
+    """A read error (permissions, a flaky object store) may pass, and the checkpoint be valid after all."""
+    messages: list[str] = []
+    store = CheckpointStore(str(tmp_path), keep=2, log=messages.append)
+    store.save(1, state(1))
+    store.save(2, state(2))
+    real_cat_file = store.fs.cat_file
+
+    def denied_for_step_2(path: str, *args, **kwargs) -> bytes:
+        if "ckpt-000000002" in path:
+            raise PermissionError(13, "Permission denied")
+        return real_cat_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(store.fs, "cat_file", denied_for_step_2)
+    loaded = store.load_latest()
+    why = "manifest could not be read ([Errno 13] Permission denied)"
+    assert loaded.name == "ckpt-000000001" and loaded.skipped == (f"ckpt-000000002: {why}",)
+    store.prune()
+    assert store.names() == ["ckpt-000000002", "ckpt-000000001"]
+    assert messages == [f"checkpoint ckpt-000000002 skipped: {why}"]
+
+
+def partial(store: CheckpointStore, step: int) -> None:
+    """A checkpoint whose writer has written the payload but not yet (or never) the manifest."""
+    store.write_bytes(f"checkpoints/ckpt-{step:09d}/state.pt", b"payload without a manifest")
+
+
+def test_pruning_removes_a_partial_checkpoint_only_when_a_newer_valid_one_exists(tmp_path):
+    messages: list[str] = []
+    store = CheckpointStore(str(tmp_path), keep=3, log=messages.append)
+    store.save(1, state(1))
+    partial(store, 2)
+    store.save(3, state(3))
+    partial(store, 4)  # newer than every valid checkpoint: it may be being written right now
+    store.prune()
+    assert store.names() == ["ckpt-000000004", "ckpt-000000003", "ckpt-000000001"]
+    assert messages == ["checkpoint ckpt-000000002 removed: no manifest (partial checkpoint: its writer stopped "
+                        "before finishing), older than the newest valid checkpoint ckpt-000000003"]
+
+
+def test_pruning_logs_every_checkpoint_it_removes(tmp_path):
+    messages: list[str] = []
+    store = CheckpointStore(str(tmp_path), keep=2, log=messages.append)
+    for step in (1, 2, 3):
+        store.save(step, state(step))
+    assert messages == ["checkpoint ckpt-000000001 removed: older than the 2 newest valid checkpoints"]

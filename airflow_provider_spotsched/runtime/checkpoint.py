@@ -95,6 +95,8 @@ class CheckpointStore:
     """The job's storage: checkpoints, their manifests and the final adapter."""
 
     def __init__(self, uri: str, keep: int = 3, log: Callable[[str], None] | None = None) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1 (got {keep}): the newest valid checkpoint is never pruned")
         self.uri = uri
         self.fs, self.root = fsspec.core.url_to_fs(uri)
         self.root = self.root.rstrip("/")
@@ -213,15 +215,28 @@ class CheckpointStore:
     # -- housekeeping --------------------------------------------------------------------------
 
     def prune(self) -> None:
-        """Keep the newest K complete checkpoints; drop older ones and partial ones older than them."""
-        complete = [n for n in self.names() if self.fs.exists(self.path(CHECKPOINTS, n, MANIFEST))]
-        for name in complete[self.keep:]:
-            self.fs.rm(self.path(CHECKPOINTS, name), recursive=True)
-        if complete:
-            oldest_kept = complete[: self.keep][-1]
-            for name in self.names():
-                if name < oldest_kept and name not in complete:
-                    self.fs.rm(self.path(CHECKPOINTS, name), recursive=True)
+        """Keep the K newest valid checkpoints (checksum verified); remove older and corrupt ones, logged.
+
+        Counting valid checkpoints, not manifests, means the newest valid one is never removed
+        however many newer ones are corrupt. A partial checkpoint goes once a newer valid one exists
+        (its writer has moved on); one that could not be read stays (the error may pass).
+        """
+        newest: str | None = None
+        valid = 0
+        for name in self.names():
+            if valid == self.keep:
+                self._remove(name, f"older than the {self.keep} newest valid checkpoints")
+                continue
+            try:
+                self._verify(name)
+            except Unusable as why:
+                if why.problem == "corrupt":
+                    self._remove(name, str(why))
+                elif why.problem == "partial" and newest is not None:
+                    self._remove(name, f"{why}, older than the newest valid checkpoint {newest}")
+                continue
+            newest = newest or name
+            valid += 1
 
     def clean_leftovers(self) -> list[str]:
         """Remove temporary files and partial checkpoints left by a crashed writer (rank 0, at start)."""
@@ -242,3 +257,7 @@ class CheckpointStore:
                     self.fs.rm(entry)
                     removed.append(entry.rsplit("/", 1)[-1])
         return removed
+
+    def _remove(self, name: str, why: str) -> None:
+        self.fs.rm(self.path(CHECKPOINTS, name), recursive=True)
+        self.log(f"checkpoint {name} removed: {why}")
