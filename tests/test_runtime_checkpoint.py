@@ -97,14 +97,17 @@ def test_kill_9_in_the_middle_of_a_checkpoint_leaves_the_previous_one_loadable(t
     loaded = store.load_latest()
     assert loaded.name == "ckpt-000000001" and loaded.state["step"] == 1
     assert "partial checkpoint" in loaded.skipped[0]
-    assert store.clean_leftovers() == ["ckpt-000000002"]
-    assert store.names() == ["ckpt-000000001"]
+    # newer than the newest valid checkpoint, it could be a live writer's: only its temporary files go
+    assert store.clean_leftovers() == [name for name in leftovers if ".tmp-" in name]
+    assert store.names() == ["ckpt-000000002", "ckpt-000000001"]
+    assert not any(".tmp-" in p.name for p in (tmp_path / "checkpoints" / "ckpt-000000002").iterdir())
     store.save(2, state(2))  # the next save of the same step succeeds
     assert store.load_latest().name == "ckpt-000000002"
 
 
 def test_a_leftover_temp_file_next_to_a_good_checkpoint_is_ignored_and_cleaned(tmp_path):
-    store = CheckpointStore(str(tmp_path))
+    messages: list[str] = []
+    store = CheckpointStore(str(tmp_path), log=messages.append)
     store.save(1, state(1))
     leftover = tmp_path / "checkpoints" / "ckpt-000000001" / "state.pt.tmp-deadbeef"
     leftover.write_bytes(b"half a write")
@@ -113,6 +116,10 @@ def test_a_leftover_temp_file_next_to_a_good_checkpoint_is_ignored_and_cleaned(t
     assert store.load_latest().name == "ckpt-000000001"
     assert sorted(store.clean_leftovers()) == sorted([leftover.name, stray.name])
     assert not leftover.exists() and not stray.exists()
+    assert sorted(messages) == [
+        f"temporary file checkpoints/ckpt-000000001/{leftover.name} removed: leftover of an interrupted write",
+        f"temporary file {stray.name} removed: leftover of an interrupted write",
+    ]
 
 
 def test_resaving_a_step_never_pairs_a_new_payload_with_the_old_manifest(tmp_path):
@@ -296,3 +303,44 @@ def test_pruning_logs_every_checkpoint_it_removes(tmp_path):
     for step in (1, 2, 3):
         store.save(step, state(step))
     assert messages == ["checkpoint ckpt-000000001 removed: older than the 2 newest valid checkpoints"]
+
+
+def test_cleaning_leaves_a_partial_checkpoint_that_may_still_be_being_written(tmp_path):
+    """With no valid checkpoint, or none newer, a partial one may be another process's write in progress."""
+    messages: list[str] = []
+    store = CheckpointStore(str(tmp_path), log=messages.append)
+    partial(store, 1)
+    assert store.clean_leftovers() == [] and store.names() == ["ckpt-000000001"]
+    store.save(3, state(3))  # its prune removes ckpt-1: the writer has moved on
+    partial(store, 2)
+    partial(store, 4)
+    assert store.clean_leftovers() == ["ckpt-000000002"]
+    assert store.names() == ["ckpt-000000004", "ckpt-000000003"]
+    assert messages == [
+        f"checkpoint ckpt-00000000{step} removed: no manifest (partial checkpoint: its writer stopped "
+        "before finishing), older than the newest valid checkpoint ckpt-000000003" for step in (1, 2)]
+
+
+def test_a_restart_after_the_two_newest_checkpoints_went_bad_resumes_from_the_last_valid_one(tmp_path):
+    """The runtime's start (clean, then load) and its next save (which prunes), as train.py runs them."""
+    writer = CheckpointStore(str(tmp_path), keep=4)
+    for step in (1, 2, 3, 4):
+        writer.save(step, state(step))
+    rewrite_manifest(without("sha256"))(tmp_path / "checkpoints" / "ckpt-000000004")
+    (tmp_path / "checkpoints" / "ckpt-000000003" / "state.pt").write_bytes(b"truncated")
+    messages: list[str] = []
+    store = CheckpointStore(str(tmp_path), keep=2, log=messages.append)
+    assert store.clean_leftovers() == []
+    loaded = store.load_latest()
+    assert loaded.name == "ckpt-000000002" and loaded.state["step"] == 2
+    assert [why.split(" (")[0] for why in loaded.skipped] == [
+        "ckpt-000000004: malformed manifest", "ckpt-000000003: checksum mismatch"]
+    store.prune()
+    assert store.names() == ["ckpt-000000002", "ckpt-000000001"]
+    assert store.load_latest().name == "ckpt-000000002"
+    assert [m.split(" (")[0] for m in messages] == [
+        "checkpoint ckpt-000000004 skipped: malformed manifest", "checkpoint ckpt-000000003 skipped: checksum mismatch",
+        "checkpoint ckpt-000000004 removed: malformed manifest", "checkpoint ckpt-000000003 removed: checksum mismatch",
+    ]
+    store.save(3, state(3))  # training goes on from step 2
+    assert store.names() == ["ckpt-000000003", "ckpt-000000002"]

@@ -239,25 +239,36 @@ class CheckpointStore:
             valid += 1
 
     def clean_leftovers(self) -> list[str]:
-        """Remove temporary files and partial checkpoints left by a crashed writer (rank 0, at start)."""
+        """Remove what crashed writers left (rank 0, at start), logged, and return the names removed.
+
+        Temporary files go. A checkpoint without a manifest goes only when a newer valid one exists:
+        otherwise it may be the checkpoint another process is writing right now (or the first one).
+        """
+        names = self.names()
+        partial = [n for n in names if not self.fs.exists(self.path(CHECKPOINTS, n, MANIFEST))]
+        newest = self._newest_valid()[0] if partial else None
         removed = []
-        for name in self.names():
-            directory = self.path(CHECKPOINTS, name)
-            if not self.fs.exists(self.path(CHECKPOINTS, name, MANIFEST)):
-                self.fs.rm(directory, recursive=True)
+        for name in names:
+            if name in partial and newest is not None and name < newest:
+                self._remove(name, f"{PARTIAL}, older than the newest valid checkpoint {newest}")
                 removed.append(name)
-                continue
-            for entry in self.fs.ls(directory, detail=False):
-                if TEMP_MARK in entry.rsplit("/", 1)[-1]:
-                    self.fs.rm(entry)
-                    removed.append(entry.rsplit("/", 1)[-1])
+            else:
+                removed += self._remove_temporaries(CHECKPOINTS, name)
         if self.fs.exists(self.root):
-            for entry in self.fs.ls(self.root, detail=False):
-                if TEMP_MARK in entry.rsplit("/", 1)[-1]:
-                    self.fs.rm(entry)
-                    removed.append(entry.rsplit("/", 1)[-1])
+            removed += self._remove_temporaries()
         return removed
 
     def _remove(self, name: str, why: str) -> None:
         self.fs.rm(self.path(CHECKPOINTS, name), recursive=True)
         self.log(f"checkpoint {name} removed: {why}")
+
+    def _remove_temporaries(self, *parts: str) -> list[str]:
+        """Remove the ``*.tmp-*`` files directly under ``parts`` (logged); their names."""
+        removed = []
+        for entry in self.fs.ls(self.path(*parts), detail=False):
+            file = entry.rstrip("/").rsplit("/", 1)[-1]
+            if TEMP_MARK in file:
+                self.fs.rm(entry)
+                self.log(f"temporary file {'/'.join([*parts, file])} removed: leftover of an interrupted write")
+                removed.append(file)
+        return removed
