@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from airflow_provider_spotsched.runtime.checkpoint import CheckpointStore
 from tests.runtime_support import (
     TINY_JOB,
     environment,
@@ -56,6 +57,34 @@ def test_a_finished_job_restarted_exits_0_without_training_again(uninterrupted, 
     code, events = run_inline(write_config(tmp_path), uri)
     assert code == 0
     assert [e["event"] for e in events] == ["resumed", "done"]
+
+
+def test_a_restart_whose_two_newest_checkpoints_are_corrupt_resumes_from_the_last_valid_one(
+        uninterrupted, tmp_path, capsys):
+    """Start (clean, load), then saves that prune: the bad checkpoints are reported, skipped and replaced."""
+    _, reference_events, _ = uninterrupted
+    config = write_config(tmp_path, checkpoint={"keep": 3, "min_interval_s": 0, "max_interval_s": 0.001})
+    uri = tmp_path / "ckpt"
+    assert run_inline(config, uri)[0] == 0  # a checkpoint before every step: the last three are 18, 19, 20
+    newest, second, third = sorted((p.name for p in (uri / "checkpoints").iterdir()), reverse=True)
+    (uri / "checkpoints" / newest / "manifest.json").write_text("{}")
+    (uri / "checkpoints" / second / "state.pt").write_bytes(b"")
+    code, events = run_inline(config, uri)
+    assert code == 0
+    resumed = events[0]
+    assert resumed["event"] == "resumed" and resumed["checkpoint"] == third
+    bad = ((newest, "malformed manifest (no payload, bytes, sha256)"), (second, "checksum mismatch (0 bytes read"))
+    assert len(resumed["skipped"]) == 2
+    assert all(why.startswith(f"{name}: {reason}") for why, (name, reason) in zip(resumed["skipped"], bad))
+    stderr = capsys.readouterr().err
+    for name, reason in bad:
+        assert f"spotsched-train: checkpoint {name} skipped: {reason}" in stderr
+    # the first save rewrites step 19's checkpoint whole, and its prune removes the corrupt step 20
+    assert f"spotsched-train: checkpoint {newest} removed: {bad[0][1]}" in stderr
+    reference = step_losses(reference_events)
+    assert step_losses(events) == {step: loss for step, loss in reference.items() if step > resumed["step"]}
+    assert events[-1]["event"] == "done"
+    assert CheckpointStore(str(uri)).load_latest().name == newest  # saved again by the resumed run
 
 
 def test_sigterm_stops_with_an_emergency_checkpoint_and_resume_repeats_the_same_losses(uninterrupted, tmp_path):
