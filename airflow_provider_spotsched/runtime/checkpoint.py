@@ -1,4 +1,4 @@
-"""Checkpoints: written atomically, checksummed, the last K kept, a corrupt one skipped on load.
+"""Checkpoints: written atomically, checksummed, the last K valid ones kept, a corrupt one skipped on load.
 
 Layout under the job's URI (a local directory, or an fsspec URL such as ``s3://`` or ``gs://``)::
 
@@ -6,13 +6,24 @@ Layout under the job's URI (a local directory, or an fsspec URL such as ``s3://`
     checkpoints/ckpt-000000120/manifest.json  {"sha256", "bytes", "step", "samples_done", ...}
 
 The payload is written first and the manifest last, so a checkpoint without a manifest is partial
-(its writer died) and is ignored. On a local disk each file is written to a temporary name,
-fsynced and renamed into place (then the directory is fsynced), so a crash leaves either the old
-file or the new one plus a ``*.tmp-*`` leftover that is ignored and cleaned. Object stores write
-an object all or nothing, which gives the same guarantee. On load the newest checkpoint whose
-payload matches its manifest's SHA-256 wins; a corrupt or partial one is reported and the
-previous one is used. The payload is a pickle the runtime wrote itself (checked by its checksum
-before it is unpickled): point a job only at checkpoint storage you control.
+(its writer died, or is still writing) and is ignored. On a local disk each file is written to a
+temporary name, fsynced and renamed into place (then the directory is fsynced), so a crash leaves
+either the old file or the new one plus a ``*.tmp-*`` leftover that is ignored and cleaned. Object
+stores write an object all or nothing, which gives the same guarantee. On load the newest
+checkpoint whose payload matches its manifest's size and SHA-256 wins. Any other is reported
+(logged with its name and why) and the previous one is used: a partial one, a corrupt one (a
+manifest that is not JSON, not an object, or lacks a ``payload`` file name, ``bytes`` or
+``sha256``; a payload missing, a directory or not matching) or one that could not be read. A bad
+checkpoint never stops the runtime while a good one is on disk.
+
+Housekeeping never loses the newest valid checkpoint, and logs every removal with its reason.
+``prune`` (after each save) keeps the K newest *valid* checkpoints, so corrupt ones do not count;
+it removes older checkpoints and corrupt ones. A partial checkpoint is removed only when a newer
+valid one exists (its writer has moved on): otherwise it may be a write in progress, and
+``clean_leftovers`` (at start) removes only its temporary files. A checkpoint that could not be
+read is kept unless it is older than the K valid ones (the error may pass). The payload is a
+pickle the runtime wrote itself (checked by its checksum before it is unpickled): point a job only
+at checkpoint storage you control.
 """
 
 from __future__ import annotations
