@@ -15,6 +15,7 @@ import pytest
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.cli import main
 from airflow_provider_spotsched.execution.driver import RunDriver
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
 
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
 MARKET_START = "2025-10-11T03:10:00Z"
@@ -81,6 +82,18 @@ def test_a_selector_state_file_that_holds_no_selector_state_is_refused_and_kept(
     assert err.startswith(f"spotsched run: error: file {state} holds no valid selector state: ")
     assert f"delete file {state} to start learning afresh" in err and len(err.strip().splitlines()) == 1
     assert state.read_text() == text
+    assert not (tmp_path / "work" / "runs").exists(), "nothing was started"
+
+
+def test_selector_params_other_than_the_stored_selectors_are_refused(tmp_path, capsys):
+    state = tmp_path / "work" / "selector.json"
+    state.parent.mkdir()
+    stored = SelectorPolicy(pool=[{"policy": "greedy"}, {"policy": "uniform-progress"}], warm_up_rounds=0).to_state()
+    state.write_text(json.dumps({"selector": stored, "runs": []}))
+    args = run_args(tmp_path, write_job(tmp_path), *CHEAP_SELECTOR, "--param", "algorithm=exp3", "--param", "seed=7")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "algorithm: stored 'hedge', asked 'exp3'; seed: stored 0, asked 7" in err and "drop policy_params" in err
     assert not (tmp_path / "work" / "runs").exists(), "nothing was started"
 
 

@@ -293,3 +293,44 @@ def test_closing_on_a_store_damaged_meanwhile_leaves_it_as_it_is(gcp_market, nam
     assert written == [], "the damaged store is not replaced"
     message = str(refused.value)
     assert "The round of run late was not stored" in message and "retry the task" in message
+
+
+def stored_selector(**settings) -> dict:
+    return SelectorPolicy(**{"pool": CHEAP_POOL, "warm_up_rounds": 0, **settings}).to_state()
+
+
+@pytest.mark.parametrize(
+    ("asked", "message"),
+    [
+        ({"algorithm": "exp3", "seed": 7}, "algorithm: stored 'hedge', asked 'exp3'; seed: stored 0, asked 7"),
+        ({"warm_up_rounds": 12}, "warm_up_rounds: stored 0, asked 12"),
+        ({"pool": CHEAP_POOL[:2]}, r"pool: members only stored \['prediction-free\(.*\)'\], only asked \[\]"),
+        ({"pool": CHEAP_POOL[::-1]}, "pool: members reordered"),
+    ],
+    ids=["algorithm-and-seed", "warm-up", "pool", "pool-order"],
+)
+def test_policy_params_that_differ_from_the_stored_selector_are_refused(gcp_market, asked, message):
+    params = {"pool": CHEAP_POOL, "warm_up_rounds": 0, **asked}
+    config = RunConfig("r", gcp_job(), gcp_market.pools, policy="selector", policy_params=params)
+    with pytest.raises(JobError, match=message) as refused:
+        OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW, stored_selector())
+    assert str(refused.value).startswith("policy_params ask for another selector than the stored one")
+    assert "drop policy_params to keep learning with it, or give another selector state" in str(refused.value)
+
+
+def test_unnamed_policy_params_mean_their_defaults(gcp_market):
+    config = RunConfig("r", gcp_job(), gcp_market.pools, policy="selector", policy_params={"seed": 0})
+    with pytest.raises(JobError, match=r"pool: members only stored .*; warm_up_rounds: stored 0, asked 12"):
+        OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW, stored_selector())
+
+
+def test_policy_params_that_match_the_stored_selector_or_none_keep_learning_with_it(gcp_market):
+    stored = stored_selector(algorithm="exp3", seed=7)
+    stored["draws"] = 5
+    history = gcp_market.prefix(HISTORY + 1)
+    same = {"pool": CHEAP_POOL, "warm_up_rounds": 0, "algorithm": "exp3", "seed": 7}
+    for params in (same, {}):
+        config = RunConfig("r", gcp_job(), gcp_market.pools, policy="selector", policy_params=params)
+        run = OnlineRun.start(config, history, NOW, stored)
+        assert run.selector_start["draws"] == 6  # drawn after the stored draws: the stored selector played
+        assert (run.selector_start["algorithm"], run.selector_start["seed"]) == ("exp3", 7)

@@ -36,6 +36,7 @@ from airflow_provider_spotsched.operators.fine_tune import (
 )
 from airflow_provider_spotsched.scheduling.model import JobError
 from airflow_provider_spotsched.scheduling.online import BudgetError
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
 from airflow_provider_spotsched.scheduling.selector_store import SelectorStoreError
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 from tests.task_context import TaskContext, TaskStateStore, first_payload, rebuilt
@@ -288,6 +289,16 @@ def test_a_selector_variable_damaged_during_the_run_is_kept_and_a_retry_closes_t
     document = json.loads(variables[key])
     assert document["runs"] == [job_id] and document["last_round"]["utility"] == pytest.approx(result["utility"])
     assert f"Variable '{key}' does not exist yet; the selector starts fresh" in caplog.text
+
+
+def test_policy_params_other_than_the_stored_selectors_are_refused_before_launching(tmp_path, variables):
+    op = operator(tmp_path, policy="selector", policy_params={**CHEAP_SELECTOR, "algorithm": "exp3", "seed": 7})
+    stored = json.dumps({"selector": SelectorPolicy(**CHEAP_SELECTOR).to_state(), "runs": []})  # hedge, seed 0
+    variables[op.selector_state_variable] = stored
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match="algorithm: stored 'hedge', asked 'exp3'; seed: stored 0, asked 7"):
+        op.execute(context)
+    assert variables[op.selector_state_variable] == stored and nothing_launched(tmp_path, context)
 
 
 def test_a_spotsched_local_connection_configures_the_backend(tmp_path, monkeypatch):
