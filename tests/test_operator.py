@@ -118,12 +118,21 @@ def test_a_retry_re_attaches_to_the_running_job_without_launching_again(tmp_path
     running = backend(tmp_path).status(job)
     assert running.active(tuple(POOLS)).total >= 1
 
+    progress = tmp_path / "checkpoint" / "progress.json"
+    wait_for(lambda: progress.exists() and json.loads(progress.read_text())["samples_done"] > 0)
+    left = store.get(STATE_KEY)["run"]
+    assert left["records"][0]["work_done"] == 0  # slot 0 was decided before any training
+
     retry = TaskContext(store, try_number=2)
     op = operator(tmp_path)
     deferred = start(op, retry)
     after = backend(tmp_path).status(job)
     assert [i.instance_id for i in after.instances] == [i.instance_id for i in running.instances]
-    assert [r["slot"] for r in store.get(STATE_KEY)["run"]["records"]][0] == 0
+    # a fresh restart would decide slot 0 again, on the samples trained since (work_done > 0)
+    resumed = store.get(STATE_KEY)["run"]
+    kept = ("slot", "time", "allocation", "work_done")
+    decided = [[r[k] for k in kept] for r in left["records"]]
+    assert [[r[k] for k in kept] for r in resumed["records"]][: len(decided)] == decided
 
     result = drive(op, retry, deferred)
     log = retry["ti"].xcoms["decision_log"]
@@ -164,9 +173,14 @@ def test_killing_the_deferred_task_releases_through_the_trigger(tmp_path):
     context = TaskContext(TaskStateStore())
     deferred = start(operator(tmp_path, worker={"samples": 10_000}), context)
     job = TrainingJob.from_dict(deferred.trigger.job)
+    live = (InstanceState.RUNNING, InstanceState.PENDING)
+    before = backend(tmp_path).status(job).instances
+    assert any(i.state in live for i in before) and not nothing_left(tmp_path, job.job_id)
     asyncio.run(deferred.trigger.on_kill())
     assert nothing_left(tmp_path, job.job_id)
-    assert all(i.state not in (InstanceState.RUNNING, InstanceState.PENDING) for i in backend(tmp_path).status(job).instances)
+    after = backend(tmp_path).status(job).instances
+    assert {i.instance_id for i in after} == {i.instance_id for i in before}  # the same instances, ended
+    assert all(i.state not in live for i in after)
 
 
 def test_a_failing_training_command_fails_the_task_with_its_detail_and_releases(tmp_path):
