@@ -32,7 +32,7 @@ from airflow_provider_spotsched.scheduling.model import Job
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
 from airflow_provider_spotsched.scheduling.replay import job_market, simulate
-from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
+from airflow_provider_spotsched.scheduling.selector_store import SelectorStoreError, starting_state, store_round
 from airflow_provider_spotsched.simulation.evaluation import (
     POLICY_SPECS,
     EvaluationError,
@@ -193,7 +193,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     run = driver.run_to_completion(reattach, on_step=show)
     if run.member is not None:
-        store_round(lambda: _read_json(selector_file), lambda doc: _write_json(selector_file, doc, "selector state"), run)
+        try:
+            store_round(lambda: _read_text(selector_file), lambda doc: _write_json(selector_file, doc, "selector state"),
+                        run, f"file {selector_file}")
+        except SelectorStoreError as exc:
+            raise InputError(str(exc)) from None
     result = run.result()
     if args.out:
         _write_json(args.out, {**result, "decision_log": run.decision_log()})
@@ -212,7 +216,11 @@ def _start_run(
     try:
         config = RunConfig(job_id=job_id, job=job, pools=tuple(pools), policy=args.policy, policy_params=params,
                            forecaster=args.forecaster, seconds_per_slot=env.seconds_per_slot)
-        learnt = selector_state(_read_json(selector_file)) if args.policy == "selector" else None
+        learnt = None
+        if args.policy == "selector":
+            learnt = starting_state(_read_text(selector_file), f"file {selector_file}")
+            if learnt is None:
+                print(f"selector: {selector_file} does not exist yet; starting a fresh selector")
         if args.training_command:
             command = shlex.split(args.training_command)
             driver = RunDriver.start(env, config, lambda uri: command, args.checkpoint_uri, persist, learnt)
@@ -222,7 +230,7 @@ def _start_run(
                 raise InputError(f"--training-config {args.training_config}: no such file")
             driver = RunDriver.start(env, config, runtime_command, args.checkpoint_uri, persist, learnt)
             write_config(driver.training.checkpoint_uri, training_config)
-    except (ValueError, TraceError) as exc:  # JobError, BudgetError, a bad pool or policy
+    except (ValueError, TraceError, SelectorStoreError) as exc:  # JobError, BudgetError, a bad pool, policy or state
         raise InputError(str(exc)) from None
     return driver
 
@@ -258,6 +266,16 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: not a readable JSON file ({exc})") from None
+
+
+def _read_text(path: Path) -> str | None:
+    """The file's text, ``None`` when it does not exist (the selector store's reader)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
 
 
 def _names(values: Sequence[str]) -> list[str]:

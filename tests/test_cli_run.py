@@ -10,8 +10,12 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.cli import main
+from airflow_provider_spotsched.execution.driver import RunDriver
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
 
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
 MARKET_START = "2025-10-11T03:10:00Z"
@@ -64,3 +68,54 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("spotsched run: error: unknown pool(s) ['nowhere-1a']") and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "work" / "runs").exists(), "nothing was started"
+
+
+CHEAP_SELECTOR = ["--param", 'pool=[{"policy": "greedy"}, {"policy": "uniform-progress"}]', "--param", "warm_up_rounds=0"]
+
+
+@pytest.mark.parametrize("text", ["selector: {oops", "null", "[]", "false", "{}"])
+def test_a_selector_state_file_that_holds_no_selector_state_is_refused_and_kept(tmp_path, capsys, text):
+    state = tmp_path / "learnt.json"
+    state.write_text(text)
+    assert main(run_args(tmp_path, write_job(tmp_path), "--selector-state", str(state), *CHEAP_SELECTOR)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spotsched run: error: file {state} holds no valid selector state: ")
+    assert f"delete file {state} to start learning afresh" in err and len(err.strip().splitlines()) == 1
+    assert state.read_text() == text
+    assert not (tmp_path / "work" / "runs").exists(), "nothing was started"
+
+
+def test_selector_params_other_than_the_stored_selectors_are_refused(tmp_path, capsys):
+    state = tmp_path / "work" / "selector.json"
+    state.parent.mkdir()
+    stored = SelectorPolicy(pool=[{"policy": "greedy"}, {"policy": "uniform-progress"}], warm_up_rounds=0).to_state()
+    state.write_text(json.dumps({"selector": stored, "runs": []}))
+    args = run_args(tmp_path, write_job(tmp_path), *CHEAP_SELECTOR, "--param", "algorithm=exp3", "--param", "seed=7")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "algorithm: stored 'hedge', asked 'exp3'; seed: stored 0, asked 7" in err and "drop policy_params" in err
+    assert not (tmp_path / "work" / "runs").exists(), "nothing was started"
+
+
+def test_a_selector_state_file_damaged_during_the_run_is_kept_and_a_rerun_closes_the_round(tmp_path, capsys, monkeypatch):
+    state = tmp_path / "work" / "selector.json"
+    finish = RunDriver.run_to_completion
+
+    def damaged_meanwhile(self, *args, **kwargs):
+        run = finish(self, *args, **kwargs)
+        state.write_text("[]")
+        return run
+
+    monkeypatch.setattr(RunDriver, "run_to_completion", damaged_meanwhile)
+    args = run_args(tmp_path, write_job(tmp_path), "--job-id", "late", *CHEAP_SELECTOR)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert f"selector: {state} does not exist yet; starting a fresh selector" in out
+    assert err.startswith(f"spotsched run: error: file {state} holds no valid selector state: it holds []")
+    assert "The round of run late was not stored" in err and state.read_text() == "[]"
+
+    monkeypatch.setattr(RunDriver, "run_to_completion", finish)
+    state.unlink()  # the fix chosen: learn afresh
+    assert main(args) == 0
+    assert "re-attaching to job late" in capsys.readouterr().out
+    assert json.loads(state.read_text())["runs"] == ["late"]

@@ -16,13 +16,17 @@ from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
 from airflow_provider_spotsched.scheduling.selector_store import (
     SelectorStoreError,
     close_round,
+    read_document,
     selector_state,
+    starting_state,
     store_round,
 )
 from tests.markets import make_job
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 HISTORY = 48
+STORE = "Variable 'selector'"
+CHEAP_POOL = [{"policy": "greedy"}, {"policy": "uniform-progress"}, {"policy": "prediction-free"}]
 
 
 @pytest.fixture(scope="module")
@@ -206,8 +210,11 @@ def test_concurrent_rounds_both_survive(gcp_market):
         if stale_write is not None:
             stored["doc"] = stale_write
 
-    store_round(lambda: stored.get("doc"), write, runs[0], pause_seconds=0)
-    store_round(lambda: stored.get("doc"), lambda d: stored.update(doc=d), runs[1], pause_seconds=0)
+    def read() -> str | None:
+        return json.dumps(stored["doc"]) if "doc" in stored else None
+
+    store_round(read, write, runs[0], STORE, pause_seconds=0)
+    store_round(read, lambda d: stored.update(doc=d), runs[1], STORE, pause_seconds=0)
     assert sorted(stored["doc"]["runs"]) == ["a", "b"]
     assert learnt_rounds(stored["doc"]["selector"]) == 3  # one warm-up round, then a and b
 
@@ -216,10 +223,114 @@ def test_store_gives_up_with_a_clear_error_when_every_write_is_lost(gcp_market):
     config = RunConfig("c", gcp_job(), gcp_market.pools, policy="selector", policy_params={"warm_up_rounds": 1})
     run = drive(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, round_trip=False)
     with pytest.raises(SelectorStoreError, match="in 3 attempts"):
-        store_round(lambda: None, lambda d: None, run, attempts=3, pause_seconds=0)
+        store_round(lambda: None, lambda d: None, run, STORE, attempts=3, pause_seconds=0)
 
 
 def test_round_for_a_non_selector_run_is_refused(gcp_market):
     run = OnlineRun.start(RunConfig("d", gcp_job(), gcp_market.pools, policy="greedy"), gcp_market.prefix(HISTORY + 1), NOW)
     with pytest.raises(SelectorStoreError, match="not played by the selector"):
         close_round(None, run)
+
+
+def selector_run(gcp_market, job_id: str, **params) -> OnlineRun:
+    """A finished run of a cheap selector (no warm-up), ready to close its round."""
+    params = {"pool": CHEAP_POOL, "warm_up_rounds": 0, **params}
+    config = RunConfig(job_id, gcp_job(), gcp_market.pools, policy="selector", policy_params=params)
+    return drive(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, round_trip=False)
+
+
+# Each is text an existing store can hold that is no selector document: a fresh selector over it
+# would discard what was learnt.
+DAMAGED = {
+    "not-json": ("selector: {oops", "its text is not JSON"),
+    "null": ("null", "it holds null, not a JSON object"),
+    "empty-string": ('""', 'it holds "", not a JSON object'),
+    "empty-text": ("", "its text is not JSON"),
+    "list": ("[]", "it holds \\[\\], not a JSON object"),
+    "zero": ("0", "it holds 0, not a JSON object"),
+    "false": ("false", "it holds false, not a JSON object"),
+    "empty-object": ("{}", 'holds neither "selector" nor a selector state'),
+    "selector-not-an-object": ('{"selector": 5}', '"selector" must be a selector state object'),
+    "malformed-state": ('{"selector": {"version": 2, "pool": []}}', "missing field"),
+    "runs-not-a-list": (None, '"runs" must be a list of job ids'),
+}
+
+
+def damaged_text(name: str, valid: dict) -> str:
+    """Damaged text ``name``; a malformed "runs" is spliced into the ``valid`` document."""
+    text = DAMAGED[name][0]
+    return json.dumps({**valid, "runs": "job-1"}) if text is None else text
+
+
+@pytest.mark.parametrize("name", list(DAMAGED))
+def test_a_store_that_holds_no_selector_document_is_refused_naming_it_and_the_fix(gcp_market, name):
+    valid = close_round(None, selector_run(gcp_market, "v"))
+    with pytest.raises(SelectorStoreError, match=DAMAGED[name][1]) as refused:
+        starting_state(damaged_text(name, valid), STORE)
+    message = str(refused.value)
+    assert message.startswith(f"{STORE} holds no valid selector state")
+    assert f"restore it from a backup, or delete {STORE} to start learning afresh" in message
+
+
+def test_only_a_missing_store_starts_a_fresh_selector(gcp_market, caplog):
+    valid = close_round(None, selector_run(gcp_market, "v"))
+    with caplog.at_level("INFO", logger="airflow_provider_spotsched.scheduling.selector_store"):
+        assert starting_state(None, STORE) is None
+    assert f"{STORE} does not exist yet; the selector starts fresh" in caplog.text
+    assert read_document(json.dumps(valid), STORE) == valid
+    assert starting_state(json.dumps(valid), STORE) == valid["selector"]
+    bare = valid["selector"]  # a bare to_state() document is a selector document too
+    assert starting_state(json.dumps(bare), STORE) == bare
+
+
+@pytest.mark.parametrize("name", ["not-json", "null", "list", "empty-object"])
+def test_closing_on_a_store_damaged_meanwhile_leaves_it_as_it_is(gcp_market, name):
+    run = selector_run(gcp_market, "late")
+    damaged = damaged_text(name, close_round(None, run))
+    written = []
+    with pytest.raises(SelectorStoreError, match=DAMAGED[name][1]) as refused:
+        store_round(lambda: damaged, written.append, run, STORE, pause_seconds=0)
+    assert written == [], "the damaged store is not replaced"
+    message = str(refused.value)
+    assert "The round of run late was not stored" in message and "retry the task" in message
+
+
+def stored_selector(**settings) -> dict:
+    return SelectorPolicy(**{"pool": CHEAP_POOL, "warm_up_rounds": 0, **settings}).to_state()
+
+
+@pytest.mark.parametrize(
+    ("asked", "message"),
+    [
+        ({"algorithm": "exp3", "seed": 7}, "algorithm: stored 'hedge', asked 'exp3'; seed: stored 0, asked 7"),
+        ({"warm_up_rounds": 12}, "warm_up_rounds: stored 0, asked 12"),
+        ({"pool": CHEAP_POOL[:2]}, r"pool: members only stored \['prediction-free\(.*\)'\], only asked \[\]"),
+        ({"pool": CHEAP_POOL[::-1]}, "pool: members reordered"),
+    ],
+    ids=["algorithm-and-seed", "warm-up", "pool", "pool-order"],
+)
+def test_policy_params_that_differ_from_the_stored_selector_are_refused(gcp_market, asked, message):
+    params = {"pool": CHEAP_POOL, "warm_up_rounds": 0, **asked}
+    config = RunConfig("r", gcp_job(), gcp_market.pools, policy="selector", policy_params=params)
+    with pytest.raises(JobError, match=message) as refused:
+        OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW, stored_selector())
+    assert str(refused.value).startswith("policy_params ask for another selector than the stored one")
+    assert "drop policy_params to keep learning with it, or give another selector state" in str(refused.value)
+
+
+def test_unnamed_policy_params_mean_their_defaults(gcp_market):
+    config = RunConfig("r", gcp_job(), gcp_market.pools, policy="selector", policy_params={"seed": 0})
+    with pytest.raises(JobError, match=r"pool: members only stored .*; warm_up_rounds: stored 0, asked 12"):
+        OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW, stored_selector())
+
+
+def test_policy_params_that_match_the_stored_selector_or_none_keep_learning_with_it(gcp_market):
+    stored = stored_selector(algorithm="exp3", seed=7)
+    stored["draws"] = 5
+    history = gcp_market.prefix(HISTORY + 1)
+    same = {"pool": CHEAP_POOL, "warm_up_rounds": 0, "algorithm": "exp3", "seed": 7}
+    for params in (same, {}):
+        config = RunConfig("r", gcp_job(), gcp_market.pools, policy="selector", policy_params=params)
+        run = OnlineRun.start(config, history, NOW, stored)
+        assert run.selector_start["draws"] == 6  # drawn after the stored draws: the stored selector played
+        assert (run.selector_start["algorithm"], run.selector_start["seed"]) == ("exp3", 7)

@@ -28,6 +28,7 @@ from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.execution.driver import TrainingFailedError
 from airflow_provider_spotsched.hooks.backend_factory import ConnectionMissingError
 from airflow_provider_spotsched.hooks.local import LocalSpotHook
+from airflow_provider_spotsched.operators import fine_tune
 from airflow_provider_spotsched.operators.fine_tune import (
     STATE_KEY,
     DeadlineSpotFineTuneOperator,
@@ -35,12 +36,16 @@ from airflow_provider_spotsched.operators.fine_tune import (
 )
 from airflow_provider_spotsched.scheduling.model import JobError
 from airflow_provider_spotsched.scheduling.online import BudgetError
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
+from airflow_provider_spotsched.scheduling.selector_store import SelectorStoreError
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 from tests.task_context import TaskContext, TaskStateStore, first_payload, rebuilt
 
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
 POOLS = ["us-east4-a", "europe-west1-c"]
 MARKET_START = "2025-10-11T03:10:00Z"  # us-east4-a loses its capacity in slot 2
+CHEAP_SELECTOR = {"pool": [{"policy": "greedy"}, {"policy": "uniform-progress"}], "warm_up_rounds": 0}
+_UNSET = object()
 
 
 def operator(tmp_path: Path, samples: int = 160, worker: dict | None = None, **overrides: Any) -> DeadlineSpotFineTuneOperator:
@@ -113,12 +118,21 @@ def test_a_retry_re_attaches_to_the_running_job_without_launching_again(tmp_path
     running = backend(tmp_path).status(job)
     assert running.active(tuple(POOLS)).total >= 1
 
+    progress = tmp_path / "checkpoint" / "progress.json"
+    wait_for(lambda: progress.exists() and json.loads(progress.read_text())["samples_done"] > 0)
+    left = store.get(STATE_KEY)["run"]
+    assert left["records"][0]["work_done"] == 0  # slot 0 was decided before any training
+
     retry = TaskContext(store, try_number=2)
     op = operator(tmp_path)
     deferred = start(op, retry)
     after = backend(tmp_path).status(job)
     assert [i.instance_id for i in after.instances] == [i.instance_id for i in running.instances]
-    assert [r["slot"] for r in store.get(STATE_KEY)["run"]["records"]][0] == 0
+    # a fresh restart would decide slot 0 again, on the samples trained since (work_done > 0)
+    resumed = store.get(STATE_KEY)["run"]
+    kept = ("slot", "time", "allocation", "work_done")
+    decided = [[r[k] for k in kept] for r in left["records"]]
+    assert [[r[k] for k in kept] for r in resumed["records"]][: len(decided)] == decided
 
     result = drive(op, retry, deferred)
     log = retry["ti"].xcoms["decision_log"]
@@ -159,9 +173,14 @@ def test_killing_the_deferred_task_releases_through_the_trigger(tmp_path):
     context = TaskContext(TaskStateStore())
     deferred = start(operator(tmp_path, worker={"samples": 10_000}), context)
     job = TrainingJob.from_dict(deferred.trigger.job)
+    live = (InstanceState.RUNNING, InstanceState.PENDING)
+    before = backend(tmp_path).status(job).instances
+    assert any(i.state in live for i in before) and not nothing_left(tmp_path, job.job_id)
     asyncio.run(deferred.trigger.on_kill())
     assert nothing_left(tmp_path, job.job_id)
-    assert all(i.state not in (InstanceState.RUNNING, InstanceState.PENDING) for i in backend(tmp_path).status(job).instances)
+    after = backend(tmp_path).status(job).instances
+    assert {i.instance_id for i in after} == {i.instance_id for i in before}  # the same instances, ended
+    assert all(i.state not in live for i in after)
 
 
 def test_a_failing_training_command_fails_the_task_with_its_detail_and_releases(tmp_path):
@@ -218,6 +237,82 @@ def test_bad_parameters_fail_before_anything_launches(tmp_path, overrides, error
         operator(tmp_path, samples=samples, **overrides).execute(TaskContext(TaskStateStore()))
     jobs = tmp_path / "local" / "jobs"
     assert not jobs.exists() or not any(jobs.iterdir())
+
+
+@pytest.fixture
+def variables(monkeypatch) -> dict[str, str]:
+    """The operator's Airflow Variables as the text the metadata database would hold, by key."""
+    texts: dict[str, str] = {}
+
+    class Variable:  # airflow.sdk.Variable's get and set, as the operator calls them
+        @staticmethod
+        def get(key: str, default: Any = _UNSET, deserialize_json: bool = False) -> Any:
+            if key not in texts:
+                if default is _UNSET:
+                    raise KeyError(key)
+                return default
+            return json.loads(texts[key]) if deserialize_json else texts[key]
+
+        @staticmethod
+        def set(key: str, value: Any, serialize_json: bool = False) -> None:
+            texts[key] = json.dumps(value) if serialize_json else str(value)
+
+    monkeypatch.setattr(fine_tune, "Variable", Variable)
+    return texts
+
+
+def nothing_launched(tmp_path: Path, context: TaskContext) -> bool:
+    jobs = tmp_path / "local" / "jobs"
+    return context["task_state_store"].get(STATE_KEY) is None and (not jobs.exists() or not any(jobs.iterdir()))
+
+
+@pytest.mark.parametrize(
+    "text", ["selector: {oops", "", "null", '""', "[]", "0", "false", "{}", '{"selector": {"version": 2}}']
+)
+def test_a_selector_variable_that_holds_no_selector_state_is_refused_before_launching(tmp_path, variables, text):
+    op = operator(tmp_path, policy="selector", policy_params=CHEAP_SELECTOR)
+    key = op.selector_state_variable
+    variables[key] = text
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(SelectorStoreError, match=rf"^Variable '{key}' holds no valid selector state: ") as refused:
+        op.execute(context)
+    assert f"restore it from a backup, or delete Variable '{key}' to start learning afresh" in str(refused.value)
+    assert variables[key] == text, "the learnt state is never replaced by a fresh one"
+    assert nothing_launched(tmp_path, context)
+
+
+def test_a_selector_variable_damaged_during_the_run_is_kept_and_a_retry_closes_the_round(tmp_path, variables, caplog):
+    store = TaskStateStore()
+    first_try = TaskContext(store)
+    op = operator(tmp_path, policy="selector", policy_params=CHEAP_SELECTOR)
+    key = op.selector_state_variable
+    with caplog.at_level("INFO", logger="airflow_provider_spotsched.scheduling.selector_store"):
+        deferred = start(op, first_try)
+    variables[key] = "null"  # cleared by hand while the job trained
+    with pytest.raises(SelectorStoreError, match=rf"^Variable '{key}' holds no valid selector state: it holds null") as failed:
+        drive(op, first_try, deferred)
+    job_id = store.get(STATE_KEY)["job"]["job_id"]
+    assert f"The round of run {job_id} was not stored" in str(failed.value)
+    assert variables[key] == "null"
+    log = first_try["ti"].xcoms["decision_log"]
+
+    del variables[key]  # the fix chosen: learn afresh
+    retry = TaskContext(store, try_number=2)
+    result = operator(tmp_path, policy="selector", policy_params=CHEAP_SELECTOR).execute(retry)
+    assert result["deadline_met"] and retry["ti"].xcoms["decision_log"] == log, "the finished run, not a new one"
+    document = json.loads(variables[key])
+    assert document["runs"] == [job_id] and document["last_round"]["utility"] == pytest.approx(result["utility"])
+    assert f"Variable '{key}' does not exist yet; the selector starts fresh" in caplog.text
+
+
+def test_policy_params_other_than_the_stored_selectors_are_refused_before_launching(tmp_path, variables):
+    op = operator(tmp_path, policy="selector", policy_params={**CHEAP_SELECTOR, "algorithm": "exp3", "seed": 7})
+    stored = json.dumps({"selector": SelectorPolicy(**CHEAP_SELECTOR).to_state(), "runs": []})  # hedge, seed 0
+    variables[op.selector_state_variable] = stored
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match="algorithm: stored 'hedge', asked 'exp3'; seed: stored 0, asked 7"):
+        op.execute(context)
+    assert variables[op.selector_state_variable] == stored and nothing_launched(tmp_path, context)
 
 
 def test_a_spotsched_local_connection_configures_the_backend(tmp_path, monkeypatch):

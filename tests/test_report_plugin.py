@@ -94,12 +94,55 @@ def test_a_task_that_logged_nothing_says_so(client, run_id):
     ({"run_id": "no_such_run"}, "", f"DAG '{DAG_ID}' has no run 'no_such_run'"),
     ({"task_id": "no_such_task"}, "", "has no task 'no_such_task'"),
     ({}, "?map_index=3", "has no task 'finetune' with map_index 3"),
+    ({}, "/data.json?map_index=0", "has no task 'finetune' with map_index 0"),  # the task is not mapped
     ({"dag_id": "no_such_dag"}, "/data.json", "DAG 'no_such_dag' has no run"),
+    ({"dag_id": "x" * 300}, "", "DAG 'xxxx"),  # longer than any id the database holds
+    ({"task_id": "%20"}, "", "has no task ' '"),
 ])
 def test_an_unknown_run_or_task_is_a_404_naming_it(client, run_id, where, suffix, message):
     response = client.get(_report(**{"run_id": run_id, **where}) + suffix, headers=_bearer())
     assert response.status_code == 404
     assert message in response.json()["detail"]
+
+
+@pytest.mark.parametrize("suffix", ["", "/data.json"])
+@pytest.mark.parametrize(
+    ("map_index", "error"),
+    [
+        ("", "int_parsing"),
+        ("abc", "int_parsing"),
+        ("1.5", "int_parsing"),
+        ("-2", "greater_than_equal"),
+        ("2147483648", "less_than_equal"),  # past the database's 32-bit column
+        ("99999999999999999999", "less_than_equal"),  # past SQLite's 64-bit integers: this was a 500
+    ],
+)
+def test_a_map_index_that_cannot_name_a_task_is_a_422_naming_it(client, run_id, suffix, map_index, error):
+    response = client.get(f"{_report(run_id)}{suffix}?map_index={map_index}", headers=_bearer())
+    assert response.status_code == 422, response.text
+    (detail,) = response.json()["detail"]
+    assert detail["loc"] == ["query", "map_index"] and detail["type"] == error
+
+
+def test_the_largest_map_index_is_looked_up_and_not_found(client, run_id):
+    response = client.get(f"{_report(run_id)}?map_index=2147483647", headers=_bearer())
+    assert response.status_code == 404
+    assert "has no task 'finetune' with map_index 2147483647" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/spotsched/runs", f"/spotsched/runs/{DAG_ID}", "/spotsched/runs/{dag_id}/{run_id}", "/spotsched/runs//{run_id}/finetune",
+     "/spotsched/runs/{dag_id}//finetune", "/spotsched/runs/{dag_id}/{run_id}/", "/spotsched/runs/{dag_id}/{run_id}/finetune/x"],
+    ids=["no-ids", "dag-id-only", "no-task-id", "empty-dag-id", "empty-run-id", "empty-task-id", "extra-segment"],
+)
+def test_a_path_with_an_id_missing_is_a_404_naming_the_routes(client, run_id, path):
+    path = path.format(dag_id=DAG_ID, run_id=run_id)
+    response = client.get(path, headers=_bearer())
+    assert response.status_code == 404
+    assert response.json()["detail"] == (
+        f"no report at {path}: a report is at /spotsched/runs/{{dag_id}}/{{run_id}}/{{task_id}} and its data at "
+        "/spotsched/runs/{dag_id}/{run_id}/{task_id}/data.json, each id non-empty")
 
 
 @pytest.mark.parametrize("suffix", ["", "/data.json"])

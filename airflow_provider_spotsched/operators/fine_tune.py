@@ -51,7 +51,7 @@ from airflow_provider_spotsched.operators.lineage import (
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
-from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
+from airflow_provider_spotsched.scheduling.selector_store import starting_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 
 STATE_KEY = "spotsched_run"
@@ -311,8 +311,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             seconds_per_slot=env.seconds_per_slot,
         )
         learnt = None
-        if self.policy == "selector":
-            learnt = selector_state(Variable.get(self.selector_state_variable, default=None, deserialize_json=True))
+        if self.policy == "selector":  # raw text: a Variable that is not JSON must not read as a missing one
+            learnt = starting_state(Variable.get(self.selector_state_variable, default=None), self._selector_store)
         driver = RunDriver.start(env, config, self._command, self.checkpoint_uri, self._persist(context, spec), learnt)
         if self.training_config is not None:
             write_config(driver.training.checkpoint_uri, self.training_config)
@@ -441,17 +441,23 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     def _finish(self, context: Context, driver: RunDriver) -> dict[str, Any]:
         """The run is done: learn its selector round, announce the adapter, return the result."""
         run = driver.run
+        result = run.result()
+        self.log.info("done: %s", json.dumps(result))
         if run.member is not None:
             document = store_round(
-                lambda: Variable.get(self.selector_state_variable, default=None, deserialize_json=True),
+                lambda: Variable.get(self.selector_state_variable, default=None),
                 lambda doc: Variable.set(self.selector_state_variable, doc, serialize_json=True),
                 run,
+                self._selector_store,
             )
-            self.log.info("selector round stored in Variable %s: %s", self.selector_state_variable, document["last_round"])
-        result = run.result()
+            self.log.info("selector round stored in %s: %s", self._selector_store, document["last_round"])
         emit_adapter_event(context, self.adapter_asset, result, adapter_location(driver.training.checkpoint_uri))
-        self.log.info("done: %s", json.dumps(result))
         return result
+
+    @property
+    def _selector_store(self) -> str:
+        """The selector's Variable as errors name it."""
+        return f"Variable {self.selector_state_variable!r}"
 
     # -- state ---------------------------------------------------------------------------------
 

@@ -10,6 +10,10 @@ Routes (``map_index`` is an optional query parameter for mapped tasks):
 
 - ``GET /spotsched/runs/{dag_id}/{run_id}/{task_id}``: the HTML report,
 - ``GET /spotsched/runs/{dag_id}/{run_id}/{task_id}/data.json``: the decision log and result.
+
+Bad requests answer 4xx with a JSON ``detail``, never 500: a ``map_index`` that is not an
+integer in -1..2**31-1 (the database's column) 422, an unknown run or task instance 404 naming
+it, and any other path (an id missing) 404 naming the routes.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from airflow.models.dagrun import DagRun
 from airflow.models.taskinstance import TaskInstance
 from airflow.models.xcom import XComModel
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import Depends, FastAPI, HTTPException, Query, status
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_spotsched.links.report import REPORT_PREFIX
 from airflow_provider_spotsched.simulation.run_report import check_decision_log, check_result, render_run_report
@@ -35,7 +41,10 @@ from airflow_provider_spotsched.simulation.run_report import check_decision_log,
 DECISION_LOG_KEY = "decision_log"
 RESULT_KEY = "return_value"
 
-MapIndex = Annotated[int, Query(ge=-1, description="the mapped task's index; -1 for an unmapped task")]
+# map_index is a 32-bit INTEGER column: a larger number cannot name a task and overflows the query
+MAX_MAP_INDEX = 2**31 - 1
+MapIndex = Annotated[int, Query(ge=-1, le=MAX_MAP_INDEX, description="the mapped task's index; -1 for an unmapped task")]
+REPORT_ROUTE = REPORT_PREFIX + "/runs/{dag_id}/{run_id}/{task_id}"
 
 app = FastAPI(
     title="Spot scheduler reports",
@@ -70,6 +79,15 @@ def run_data(dag_id: str, run_id: str, task_id: str, session: SessionDep, map_in
         raise _malformed(error) from None
     return {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index,
             "decision_log": checked_log, "result": checked_result}
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _no_such_route(request: Request, error: StarletteHTTPException) -> Response:
+    """The router's bare 404 for a path that is no route (an id left out) says where the reports are."""
+    if error.status_code == status.HTTP_404_NOT_FOUND and error.detail == "Not Found":
+        error = HTTPException(status.HTTP_404_NOT_FOUND, f"no report at {request.url.path}: a report is at "
+                              f"{REPORT_ROUTE} and its data at {REPORT_ROUTE}/data.json, each id non-empty")
+    return await http_exception_handler(request, error)
 
 
 def _run_xcoms(session: Session, dag_id: str, run_id: str, task_id: str, map_index: int) -> tuple[Any, Any]:

@@ -163,7 +163,8 @@ class OnlineRun:
         """Check the job against the market and the budget; ``history`` ends with slot 0's state.
 
         Raises a :class:`JobError` (or :class:`BudgetError`) naming the field to fix, before
-        anything is launched.
+        anything is launched. With a stored ``selector_state``, ``policy_params`` must be empty
+        or ask for the stored selector's own settings.
         """
         job = config.job
         job.check_feasible()
@@ -179,7 +180,7 @@ class OnlineRun:
         _check_budget(config, history)
         run = cls(config, history, history.num_slots - 1, now)
         if config.policy == "selector":
-            selector = SelectorPolicy.from_state(selector_state) if selector_state else SelectorPolicy(**config.policy_params)
+            selector = _selector(config.policy_params, selector_state)
             played = selector.open_round(job, JobMarket(run.market, run.history_slots))  # warm-up, then the draw
             entry = selector.pool[played.member_index]
             run.member = {**entry, "label": played.label, "probability": played.probability}
@@ -460,6 +461,37 @@ def _hourly(allocation: Allocation, spot_prices: Sequence[float], on_demand_pric
 def _select(market: SlotMarket, pools: Sequence[str]) -> SlotMarket:
     index = [market.pools.index(p) for p in pools]
     return replace(market, pools=tuple(pools), spot_price=market.spot_price[:, index], available=market.available[:, index])
+
+
+def _selector(params: Mapping[str, Any], state: Mapping[str, Any] | None) -> SelectorPolicy:
+    """The stored selector, or a new one from ``params``.
+
+    A stored selector keeps its settings (its weights are learnt for its pool and its draws
+    follow its seed), so ``params`` asking for other settings are refused rather than ignored.
+    """
+    if not state:
+        return SelectorPolicy(**params)
+    stored = SelectorPolicy.from_state(state)
+    if not params:
+        return stored
+    asked = SelectorPolicy(**params)
+    differ = [
+        f"{name}: stored {getattr(stored, name)!r}, asked {getattr(asked, name)!r}"
+        for name in ("algorithm", "seed", "warm_up_rounds")
+        if getattr(stored, name) != getattr(asked, name)
+    ]
+    if stored.labels != asked.labels:
+        only_stored = [m for m in stored.labels if m not in asked.labels]
+        only_asked = [m for m in asked.labels if m not in stored.labels]
+        members = f"only stored {only_stored}, only asked {only_asked}" if only_stored or only_asked else "reordered"
+        differ.insert(0, f"pool: members {members}")
+    if differ:
+        raise JobError(
+            f"policy_params ask for another selector than the stored one ({'; '.join(differ)}). The stored "
+            "selector keeps its settings: drop policy_params to keep learning with it, or give another "
+            "selector state (selector_state_variable; spotsched run --selector-state) for a new selector"
+        )
+    return stored
 
 
 def _check_budget(config: RunConfig, history: SlotMarket) -> None:

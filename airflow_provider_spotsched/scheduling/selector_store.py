@@ -14,10 +14,16 @@ the other's round. Two rules keep every round:
 ``runs`` also makes closing idempotent: a retried task that closes the same round twice learns
 once. The remaining race (a writer that read before our write and writes after our check) is
 closed in the Airflow layer by running the closing step in a one-slot pool; see docs/airflow.md.
+
+A store that does not exist yet starts a fresh selector. A store that exists but holds no valid
+document (text that is not JSON, ``null``, ``[]``, a malformed state) is refused, when a run
+starts and when it closes, and never written over: starting afresh would silently discard
+everything the selector learnt (:func:`read_document`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -25,30 +31,53 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_provider_spotsched.scheduling.online import OnlineRun
-from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, SelectorStateError
 
 KEEP_RUN_IDS = 200
 log = logging.getLogger(__name__)
 
 
 class SelectorStoreError(RuntimeError):
-    """The state document could not be updated without losing a round."""
+    """The stored document is unusable, or could not be updated without losing a round."""
+
+
+def read_document(text: str | None, store: str) -> dict[str, Any] | None:
+    """The selector document stored as ``text``; ``None`` only when the store does not exist.
+
+    Anything else that is not a valid document raises a :class:`SelectorStoreError` naming
+    ``store`` (e.g. ``Variable 'spotsched_selector_state'``) and the fix, so that no caller can
+    mistake a damaged store for an empty one and start afresh over what was learnt.
+    """
+    if text is None:
+        return None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _unusable(store, f"its text is not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise _unusable(store, f"it holds {json.dumps(document)[:80]}, not a JSON object")
+    try:
+        SelectorPolicy.from_state(_state_in(document))
+    except (SelectorStoreError, SelectorStateError) as exc:
+        raise _unusable(store, str(exc)) from None
+    runs = document.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(job_id, str) for job_id in runs):
+        raise _unusable(store, f'its "runs" must be a list of job ids, got {runs!r}')
+    return document
+
+
+def starting_state(text: str | None, store: str) -> Mapping[str, Any] | None:
+    """The selector state a run starts from (see :func:`read_document`); ``None``: start fresh."""
+    document = read_document(text, store)
+    if document is None:
+        log.info("selector state: %s does not exist yet; the selector starts fresh", store)
+        return None
+    return selector_state(document)
 
 
 def selector_state(document: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The selector state inside a stored document (a bare ``to_state()`` document works too)."""
-    if not document:
-        return None
-    if not isinstance(document, Mapping):
-        raise SelectorStoreError(f"the selector document must be a JSON object, got {type(document).__name__}")
-    if "selector" in document:
-        return document["selector"]
-    if "version" in document:
-        return document
-    raise SelectorStoreError(
-        'the selector document holds neither "selector" nor a selector state; '
-        "delete the Variable to start learning afresh"
-    )
+    return None if document is None else _state_in(document)
 
 
 def close_round(document: Mapping[str, Any] | None, run: OnlineRun) -> dict[str, Any]:
@@ -79,19 +108,57 @@ def close_round(document: Mapping[str, Any] | None, run: OnlineRun) -> dict[str,
 
 
 def store_round(
-    read: Callable[[], Mapping[str, Any] | None],
+    read: Callable[[], str | None],
     write: Callable[[dict[str, Any]], None],
     run: OnlineRun,
+    store: str,
     attempts: int = 5,
     pause_seconds: float = 0.2,
 ) -> dict[str, Any]:
-    """Merge ``run``'s round into the stored document, verifying it survived (see module doc)."""
+    """Merge ``run``'s round into the stored document, verifying it survived (see module doc).
+
+    :param read: the stored text, ``None`` when the store does not exist.
+    :param store: the store's name for errors, e.g. ``Variable 'spotsched_selector_state'``.
+    """
+    job_id = run.config.job_id
     for attempt in range(1, attempts + 1):
-        document = close_round(read(), run)
+        document = close_round(_read_for_close(read, store, job_id), run)
         write(document)
         time.sleep(pause_seconds * random.random())
-        stored = read() or {}
-        if run.config.job_id in stored.get("runs", []):
+        stored = _read_for_close(read, store, job_id) or {}
+        if job_id in stored.get("runs", []):
             return document
-        log.warning("selector state: round of %s was overwritten by a concurrent run; merging again (%d)", run.config.job_id, attempt)
-    raise SelectorStoreError(f"could not store the selector round of {run.config.job_id} in {attempts} attempts")
+        log.warning("selector state: round of %s was overwritten by a concurrent run; merging again (%d)", job_id, attempt)
+    raise SelectorStoreError(f"could not store the selector round of {job_id} in {attempts} attempts")
+
+
+def _read_for_close(read: Callable[[], str | None], store: str, job_id: str) -> dict[str, Any] | None:
+    """The stored document when a run closes; a store damaged since the run started stays as it is."""
+    try:
+        return read_document(read(), store)
+    except SelectorStoreError as exc:
+        raise SelectorStoreError(
+            f"{exc} The round of run {job_id} was not stored; the finished run and its decision log are "
+            "kept: once the store is fixed, retry the task (spotsched run: run the same job again), which "
+            "re-attaches to the finished run and closes its round without training again."
+        ) from None
+
+
+def _state_in(document: Any) -> Mapping[str, Any]:
+    if not isinstance(document, Mapping):
+        raise SelectorStoreError(f"the selector document must be a JSON object, got {type(document).__name__}")
+    if "selector" in document:
+        state = document["selector"]
+        if not isinstance(state, Mapping):
+            raise SelectorStoreError(f'the document\'s "selector" must be a selector state object, got {state!r}')
+        return state
+    if "version" in document:
+        return document
+    raise SelectorStoreError('the selector document holds neither "selector" nor a selector state')
+
+
+def _unusable(store: str, reason: str) -> SelectorStoreError:
+    return SelectorStoreError(
+        f"{store} holds no valid selector state: {reason}. It is not replaced, since that would discard "
+        f"what the selector learnt: restore it from a backup, or delete {store} to start learning afresh."
+    )
