@@ -18,6 +18,10 @@ import numpy as np
 # Progress within this many work units of the total counts as done (float round-off only).
 WORK_EPSILON = 1e-9
 
+MAX_HORIZON_SLOTS = 100_000
+"""The most slots up to a job's hard deadline (11 years of hourly slots): more is a typo in
+``slot_hours`` or ``deadline_hours``, which would make every policy plan over millions of slots."""
+
 
 class JobError(ValueError):
     """A job description is invalid or infeasible; the message names the field and the fix."""
@@ -109,22 +113,53 @@ class Job:
         fields = dict(data)
         tp = fields["throughput"]
         if not isinstance(tp, Mapping) or "alpha" not in tp:
-            raise JobError('throughput must be an object like {"alpha": 1.0, "beta": 0.0}')
+            raise JobError(f'throughput={shown(tp)}: not an object with alpha; give {{"alpha": 1.0, "beta": 0.0}}')
         extra = sorted(set(tp) - {"alpha", "beta"})
         if extra:
             raise JobError(f"unknown throughput field(s) {extra}; use alpha and beta")
-        try:
-            fields["throughput"] = Throughput(float(tp["alpha"]), float(tp.get("beta", 0.0)))
-        except (TypeError, ValueError):
-            raise JobError(f"throughput.alpha and throughput.beta must be numbers, got {dict(tp)}") from None
+        fields["throughput"] = Throughput(
+            as_number("throughput.alpha", tp["alpha"]), as_number("throughput.beta", tp.get("beta", 0.0))
+        )
         if fields.get("start") is not None:
             from airflow_provider_spotsched.market.trace import parse_timestamp
 
             try:
                 fields["start"] = parse_timestamp(str(fields["start"]))
-            except ValueError as exc:
-                raise JobError(f"start: {exc}") from None
+            except (ValueError, OverflowError):
+                raise JobError(
+                    f"start={shown(fields['start'])}: not a UTC ISO-8601 timestamp; give one like 2025-10-04T00:10:00Z"
+                ) from None
         return cls(**fields)
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut short: an error about junk input stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def as_number(name: str, value: object) -> float:
+    """``value`` as a float, refusing what only looks like a number: a bool, text, NaN, infinity."""
+    if isinstance(value, str):
+        raise JobError(f"{name}={shown(value)}: text, not a number; write the number without quotes")
+    if isinstance(value, bool):
+        raise JobError(f"{name}={shown(value)}: a boolean, not a number; give a number")
+    if not isinstance(value, (int, float)):
+        raise JobError(f"{name}={shown(value)}: not a number; give a finite number")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise JobError(f"{name}={shown(value)}: not a finite number; give a finite number")
+    return number
+
+
+def as_count(name: str, value: object) -> int:
+    """``value`` as an instance count: an integer, never a bool (JSON ``true`` is no count)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise JobError(f"{name}={shown(value)}: not an integer; give a whole number of instances")
+    return int(value)
 
 
 def _validate(job: Job) -> None:
@@ -133,28 +168,48 @@ def _validate(job: Job) -> None:
             raise JobError(message)
 
     for name in ("work", "deadline_hours", "value", "slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):
-        v = getattr(job, name)
-        need(isinstance(v, (int, float)) and math.isfinite(v), f"{name} must be a finite number, got {v!r}")
+        as_number(name, getattr(job, name))
     for name in ("min_instances", "max_instances"):
-        v = getattr(job, name)
-        need(isinstance(v, (int, np.integer)) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
-    need(job.work > 0, f"work must be > 0, got {job.work}")
-    need(job.deadline_hours > 0, f"deadline_hours must be > 0, got {job.deadline_hours}")
-    need(job.slot_hours > 0, f"slot_hours must be > 0, got {job.slot_hours}")
-    need(job.value >= 0, f"value must be >= 0, got {job.value}")
-    need(job.hard_deadline_factor >= 1, f"hard_deadline_factor must be >= 1, got {job.hard_deadline_factor}")
+        as_count(name, getattr(job, name))
+    need(job.work > 0, f"work={job.work:g}: must be > 0; give the job's size in work units (e.g. training samples)")
+    need(job.deadline_hours > 0, f"deadline_hours={job.deadline_hours:g}: must be > 0; give the soft deadline in hours")
+    need(job.slot_hours > 0, f"slot_hours={job.slot_hours:g}: must be > 0; give the slot length in hours, e.g. 1.0")
+    need(job.value >= 0, f"value={job.value:g}: must be >= 0; give the USD that finishing by the deadline is worth")
+    need(
+        job.hard_deadline_factor >= 1,
+        f"hard_deadline_factor={job.hard_deadline_factor:g}: must be >= 1 (the hard deadline is this multiple "
+        "of deadline_hours); use 1 for none",
+    )
     need(
         0 <= job.reconfig_overhead_hours < job.slot_hours,
-        f"reconfig_overhead_hours must be in [0, slot_hours={job.slot_hours}), got {job.reconfig_overhead_hours}",
+        f"reconfig_overhead_hours={job.reconfig_overhead_hours:g}: must be in [0, slot_hours={job.slot_hours:g}); "
+        "give the compute a reconfiguration loses, less than one slot",
     )
-    need(1 <= job.min_instances, f"min_instances must be >= 1, got {job.min_instances}")
+    need(
+        job.slot_hours <= job.deadline_hours,
+        f"slot_hours={job.slot_hours:g}: longer than deadline_hours={job.deadline_hours:g}, so the first slot "
+        "ends past the deadline; use slot_hours <= deadline_hours",
+    )
+    slots = job.hard_deadline_factor * job.deadline_hours / job.slot_hours
+    need(
+        slots <= MAX_HORIZON_SLOTS,
+        f"deadline_hours={job.deadline_hours:g}: with slot_hours={job.slot_hours:g} the job spans {slots:.3g} slots "
+        f"to its hard deadline, more than {MAX_HORIZON_SLOTS}; use longer slots or a nearer deadline",
+    )
+    need(1 <= job.min_instances, f"min_instances={job.min_instances}: must be >= 1; a running job uses an instance")
     need(
         job.min_instances <= job.max_instances,
-        f"max_instances must be >= min_instances={job.min_instances}, got {job.max_instances}",
+        f"max_instances={job.max_instances}: must be >= min_instances={job.min_instances}; "
+        "raise max_instances or lower min_instances",
     )
     tp = job.throughput
-    need(tp.alpha > 0, f"throughput.alpha must be > 0, got {tp.alpha}")
-    need(tp(job.min_instances) > 0, f"throughput must be > 0 on min_instances; raise throughput.beta (now {tp.beta})")
+    as_number("throughput.alpha", tp.alpha)
+    as_number("throughput.beta", tp.beta)
+    need(tp.alpha > 0, f"throughput.alpha={tp.alpha:g}: must be > 0 (work units per hour per instance); measure it")
+    need(
+        tp(job.min_instances) > 0,
+        f"throughput.beta={tp.beta:g}: H(min_instances={job.min_instances}) is not > 0; raise throughput.beta",
+    )
 
 
 @dataclass(frozen=True)
