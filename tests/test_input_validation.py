@@ -7,12 +7,17 @@ at DAG parse time. tests/test_input_sweep.py throws generated junk at the same e
 
 from __future__ import annotations
 
+import gzip
 import json
+from datetime import datetime, timezone
 from typing import Any
 
+import boto3
 import pytest
 
-from airflow_provider_spotsched.market.trace import COLUMNS
+from airflow_provider_spotsched.market.aws import AwsSpotMarketSource
+from airflow_provider_spotsched.market.source import Tick, trace_from_ticks
+from airflow_provider_spotsched.market.trace import COLUMNS, TraceError, load_trace
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
 from tests.markets import make_job
 
@@ -82,4 +87,71 @@ def test_a_job_of_millions_of_slots_is_refused():
     with pytest.raises(JobError, match=r"^deadline_hours=100: with slot_hours=0.0001 the job spans 1.5e\+06 slots"):
         make_job(deadline_hours=100.0, slot_hours=1e-4)
 
+
+# -- trace rows and market sources ----------------------------------------------------------------
+
+
+def test_an_on_demand_price_of_0_in_a_trace_row_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "free.csv"
+    path.write_text(HEADER + hourly_rows("a", [0]) + hourly_rows("b", [0, 1], on_demand="0"))
+    with pytest.raises(TraceError, match=r"free.csv, line 3, column 'on_demand_price': 0.0 must be > 0: on-demand"):
+        load_trace(path)
+
+
+def test_an_on_demand_price_of_0_from_a_market_source_is_refused_naming_the_market():
+    tick = Tick(datetime(2026, 1, 5, tzinfo=timezone.utc).timestamp(), "us-east-1a", 1.0, 2, 0.0)
+    with pytest.raises(TraceError, match=r"^aws: tick 'us-east-1a' at 2026-01-05T00:00:00Z: on_demand_price 0.0 must be > 0"):
+        trace_from_ticks([tick], "aws")
+    client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    with pytest.raises(ValueError, match=r"^on_demand_price 0 must be > 0: on-demand capacity is never free"):
+        AwsSpotMarketSource(client, "p3.2xlarge", ["us-east-1a"], 0)
+
+
+# -- trace files the sweep found crashing -------------------------------------------------------
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes(("\ufeff" + HEADER + hourly_rows("a", [0, 1])).encode("utf-8"))
+    assert load_trace(path).names == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("latin1.csv", (HEADER + "2025-01-01T00:00:00Z,zone-é,1.0,2,3.0\n").encode("latin-1"),
+         r"latin1.csv: not UTF-8 text \(byte \d+\); save the trace as UTF-8 CSV"),
+        ("broken.csv.gz", gzip.compress((HEADER + hourly_rows("a", [0, 1])).encode())[:-12],
+         r"broken.csv.gz: a damaged gzip file"),
+        ("quote.csv", (HEADER + "2025-01-01T00:00:00Z,a,\"1.0\n" + "x" * 140_000).encode(),
+         r"quote.csv, line \d+: not CSV"),
+    ],
+    ids=["latin-1", "truncated-gzip", "unclosed-quote"],
+)
+def test_an_unreadable_trace_file_is_a_trace_error(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(TraceError, match=message):
+        load_trace(path)
+
+
+def test_gzip_is_recognised_by_content_not_by_name(tmp_path):
+    text = HEADER + hourly_rows("a", [0, 1])
+    (tmp_path / "plain.csv.gz").write_text(text)
+    (tmp_path / "packed.csv").write_bytes(gzip.compress(text.encode()))
+    assert load_trace(tmp_path / "plain.csv.gz").names == load_trace(tmp_path / "packed.csv").names == ["a"]
+
+
+def test_a_directory_is_not_a_trace_file(tmp_path):
+    with pytest.raises(TraceError, match=r"not a file; give the trace CSV"):
+        load_trace(tmp_path)
+
+
+@pytest.mark.parametrize("cell", ["1e300", "0001-01-01T00:00:00+01:00"])
+def test_a_count_or_a_timestamp_out_of_range_is_a_trace_error(tmp_path, cell):
+    row = f"2025-01-01T00:00:00Z,a,1.0,{cell},3.0\n" if cell[0] == "1" else f"{cell},a,1.0,2,3.0\n"
+    path = tmp_path / "range.csv"
+    path.write_text(HEADER + row)
+    with pytest.raises(TraceError, match=r"range.csv, line 2, column '(available|timestamp)'"):
+        load_trace(path)
 
