@@ -2,6 +2,8 @@
 
 Bad input (a job or trace file that does not parse, an infeasible job, an unknown policy or
 parameter) ends with exit code 2 and one line that names the file or field, never a traceback.
+The library's warnings (a long hole in a trace, a pool short of capacity) go to stderr as
+``spotsched <command>: warning: ...`` lines.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import logging
 import re
 import shlex
 import sys
@@ -427,15 +430,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _WarningLines(logging.Handler):
+    """The library's warnings on stderr, one ``spotsched <command>: warning: ...`` line each."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__(logging.WARNING)
+        self.command = command
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"spotsched {self.command}: warning: {record.getMessage()}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    library = logging.getLogger("airflow_provider_spotsched")
+    warnings = _WarningLines(args.command)
+    library.addHandler(warnings)
     try:
         return args.run(args)
     except InputError as exc:
         print(f"spotsched {args.command}: error: {exc}", file=sys.stderr)
         return BAD_INPUT
+    finally:
+        library.removeHandler(warnings)
 
 
 if __name__ == "__main__":

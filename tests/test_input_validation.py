@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from datetime import datetime, timezone
 from typing import Any
 
 import boto3
 import pytest
 
+from airflow_provider_spotsched.cli import main
 from airflow_provider_spotsched.market.aws import AwsSpotMarketSource
+from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.source import Tick, trace_from_ticks
 from airflow_provider_spotsched.market.trace import COLUMNS, TraceError, load_trace
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
@@ -105,6 +108,35 @@ def test_an_on_demand_price_of_0_from_a_market_source_is_refused_naming_the_mark
     client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
     with pytest.raises(ValueError, match=r"^on_demand_price 0 must be > 0: on-demand capacity is never free"):
         AwsSpotMarketSource(client, "p3.2xlarge", ["us-east-1a"], 0)
+
+
+def test_a_long_hole_is_warned_about_naming_the_pool_and_its_span(tmp_path, caplog):
+    path = tmp_path / "holey.csv"
+    path.write_text(HEADER + hourly_rows("a", list(range(48))) + hourly_rows("b", [h for h in range(48) if not 10 < h < 36]))
+    with caplog.at_level(logging.WARNING, "airflow_provider_spotsched"):
+        market = resample(load_trace(path), slot_hours=1.0)
+    assert market.available[11:37, 1].tolist() == [2] + [0] * 24 + [2]  # counted as unavailable, per the spec
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: pool(s) ['b'] have no ticks from 2025-01-01T10:00:00Z to 2025-01-02T12:00:00Z (26 h, a hole in the "
+        "data): their availability counts as 0 in 24 slot(s) of 1 h; fill the hole or schedule outside it"
+    ]
+
+
+def test_the_command_line_prints_the_hole_warning_on_stderr(tmp_path, capsys):
+    trace = tmp_path / "holey.csv"
+    trace.write_text(HEADER + hourly_rows("a", list(range(48))) + hourly_rows("b", [h for h in range(48) if not 2 < h < 28]))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({**JOB, "deadline_hours": 30, "work": 4}))
+    assert main(["simulate", "--trace", str(trace), "--job", str(job), "--policy", "greedy",
+                 "--out", str(tmp_path / "r.json")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"spotsched simulate: warning: {trace}: pool(s) ['b'] have no ticks from")
+
+
+def test_a_short_hole_is_not_warned_about(gcp_trace, caplog):
+    with caplog.at_level(logging.WARNING, "airflow_provider_spotsched"):
+        market = resample(gcp_trace, start=datetime(2025, 10, 9, 3, 10, tzinfo=timezone.utc), num_slots=4)
+    assert (market.available[2] == 0).all() and not caplog.records  # the shipped trace's 110-minute hole
 
 
 # -- trace files the sweep found crashing -------------------------------------------------------

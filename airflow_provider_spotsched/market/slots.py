@@ -3,11 +3,14 @@
 The default (and only reporting) resampling takes, per pool, the state in force at the slot's
 start: the last tick at or before that instant. A tick older than 1.5 typical tick gaps is a hole
 in the data: the pool's availability for that slot is unknown and counts as 0, and its price is
-the last one seen (the first tick's price before the pool's first tick).
+the last one seen (the first tick's price before the pool's first tick). A hole of
+:data:`HOLE_WARNING_HOURS` or more is logged as a warning naming its pools and span, once per
+process: it is counted all the same, but it hides capacity a schedule might have used.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -17,6 +20,12 @@ import numpy as np
 from airflow_provider_spotsched.market.trace import Trace, TraceError, format_timestamp
 
 HOLE_FACTOR = 1.5
+HOLE_WARNING_HOURS = 3.0
+"""Shorter holes are routine gaps in collection (the shipped GCP trace has one of 110 minutes)."""
+
+log = logging.getLogger(__name__)
+_reported: set[tuple[str, float, float]] = set()
+"""Holes already warned about: a run resamples its trace again every slot."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,7 @@ def resample(
     prices = np.empty((num_slots, len(names)))
     available = np.zeros((num_slots, len(names)), dtype=np.int64)
     on_demand = []
+    holes: dict[tuple[float, float], tuple[list[str], int]] = {}
     for m, name in enumerate(names):
         series = trace.pools[name]
         idx = np.searchsorted(series.times, instants, side="right") - 1
@@ -124,6 +134,10 @@ def resample(
         fresh = seen & (instants - series.times[safe] <= hole)
         available[:, m] = np.where(fresh, series.available[safe], 0)
         on_demand.append(series.on_demand_price[safe[0]])
+        for span, slots in _holes(trace, series.times, idx[~fresh]).items():
+            pools, most = holes.get(span, ([], 0))
+            holes[span] = (pools + [name], max(most, slots))
+    _warn_holes(trace.source, holes, slot_hours)
     return SlotMarket(
         pools=names,
         start=datetime.fromtimestamp(t0, timezone.utc),
@@ -132,3 +146,32 @@ def resample(
         available=available,
         on_demand_price=float(min(on_demand)),
     )
+
+
+def _holes(trace: Trace, times: np.ndarray, previous: np.ndarray) -> dict[tuple[float, float], int]:
+    """The spans without ticks around the slots whose tick was stale or missing (``previous``:
+    the index of the last tick before each), with how many slots each hides."""
+    spans: dict[tuple[float, float], int] = {}
+    for i in previous.tolist():
+        begin = trace.first_time if i < 0 else float(times[i])
+        end = float(times[i + 1]) if i + 1 < len(times) else trace.last_time
+        spans[(begin, end)] = spans.get((begin, end), 0) + 1
+    return spans
+
+
+def _warn_holes(source: str, holes: dict[tuple[float, float], tuple[list[str], int]], slot_hours: float) -> None:
+    """One warning per long hole (see :data:`HOLE_WARNING_HOURS`), the first time it is met."""
+    for (begin, end), (pools, slots) in sorted(holes.items()):
+        hours = (end - begin) / 3600.0
+        if hours < HOLE_WARNING_HOURS or (source, begin, end) in _reported:
+            continue
+        _reported.add((source, begin, end))
+        log.warning(
+            "%s: pool(s) %s have no ticks from %s to %s (%.3g h, a hole in the data): their availability "
+            "counts as 0 in %d slot(s) of %g h; fill the hole or schedule outside it",
+            source, pools, _stamp(begin), _stamp(end), hours, slots, slot_hours,
+        )
+
+
+def _stamp(epoch: float) -> str:
+    return format_timestamp(datetime.fromtimestamp(epoch, timezone.utc))
