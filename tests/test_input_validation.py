@@ -22,7 +22,10 @@ from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.source import Tick, trace_from_ticks
 from airflow_provider_spotsched.market.trace import COLUMNS, TraceError, load_trace
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
+from airflow_provider_spotsched.scheduling.online import BudgetError, RunConfig
 from tests.markets import make_job
+from tests.test_solver_operator import AT, solve
+from tests.test_solver_operator import JOB as SOLVER_JOB
 
 HEADER = ",".join(COLUMNS) + "\n"
 JOB = {"work": 8, "deadline_hours": 6, "max_instances": 2, "throughput": {"alpha": 1.0, "beta": 0.0}, "value": 30}
@@ -187,3 +190,32 @@ def test_a_count_or_a_timestamp_out_of_range_is_a_trace_error(tmp_path, cell):
     with pytest.raises(TraceError, match=r"range.csv, line 2, column '(available|timestamp)'"):
         load_trace(path)
 
+
+
+# -- a run's pools --------------------------------------------------------------------------------
+
+
+def test_a_run_refuses_a_pool_named_twice():
+    with pytest.raises(JobError, match=r"^pools=\['a', 'b', 'a'\]: names \['a'\] more than once; name each pool once$"):
+        RunConfig("r", make_job(), ("a", "b", "a"))
+
+
+def test_a_run_reads_one_string_as_comma_separated_pools_not_as_characters():
+    assert RunConfig("r", make_job(), "us-east4-a").pools == ("us-east4-a",)
+    assert RunConfig("r", make_job(), " us-east4-a, europe-west1-c").pools == ("us-east4-a", "europe-west1-c")
+    with pytest.raises(JobError, match=r"^pools=\"\['us-east4-a'\]\": a list written as text; give the list itself"):
+        RunConfig("r", make_job(), "['us-east4-a']")
+    with pytest.raises(JobError, match=r"^pools=\['a', ''\]: '' is no pool name"):
+        RunConfig("r", make_job(), "a,")
+
+
+def test_the_solver_operator_refuses_a_pool_named_twice_and_reads_a_string():
+    with pytest.raises(ValueError, match=r"names \['us-east4-a'\] more than once"):
+        solve(job=SOLVER_JOB, pools=["us-east4-a", "us-east4-a"], at=AT)
+    _, state = solve(job=SOLVER_JOB, pools="us-east4-a,europe-west1-c", at=AT)
+    assert state["run"]["config"]["pools"] == ["us-east4-a", "europe-west1-c"]
+
+
+def test_a_boolean_budget_is_refused():
+    with pytest.raises(BudgetError, match=r"^budget=True: not a number of USD > 0"):
+        RunConfig("r", make_job(), ("a",), budget=True)

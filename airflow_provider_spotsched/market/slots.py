@@ -74,18 +74,42 @@ class SlotMarket:
         return f"{self.num_pools} pools from {format_timestamp(self.start)}, {self.num_slots} slots of {self.slot_hours:g} h"
 
 
-def select_pools(trace: Trace, pools: Sequence[str] | None = None) -> tuple[str, ...]:
+def pool_names(pools: str | Sequence[str], field: str = "pools") -> tuple[str, ...]:
+    """Pool names from a list, or from one comma-separated string (what a rendered Airflow
+    template gives); a name given twice is refused, it would count that pool's instances twice."""
+    if isinstance(pools, str):
+        if pools.lstrip().startswith("["):
+            raise ValueError(
+                f"{field}={pools!r}: a list written as text; give the list itself, or the names comma-separated ('a,b')"
+            )
+        names: list[object] = [name.strip() for name in pools.split(",")]
+    elif isinstance(pools, Sequence):
+        names = list(pools)
+    else:
+        raise ValueError(f"{field}={pools!r}: not a list of pool names; give a list such as ['us-east4-a']")
+    if not names:
+        raise ValueError(f"{field}=[]: empty; name at least one spot pool (zone or availability zone)")
+    bad = [name for name in names if not isinstance(name, str) or not name.strip()]
+    if bad:
+        raise ValueError(f"{field}={names!r}: {bad[0]!r} is no pool name; give zone names such as 'us-east4-a'")
+    twice = sorted({name for name in names if names.count(name) > 1}, key=str)
+    if twice:
+        raise ValueError(f"{field}={names!r}: names {twice} more than once; name each pool once")
+    return tuple(str(name) for name in names)
+
+
+def select_pools(trace: Trace, pools: str | Sequence[str] | None = None) -> tuple[str, ...]:
     """The pools to schedule over: all of the trace's by default, else the named ones (checked)."""
     if pools is None:
         return tuple(trace.names)
-    unknown = [p for p in pools if p not in trace.pools]
+    try:
+        names = pool_names(pools)
+    except ValueError as exc:
+        raise TraceError(str(exc)) from None
+    unknown = [p for p in names if p not in trace.pools]
     if unknown:
         raise TraceError(f"unknown pool(s) {unknown} in {trace.source}; known pools are {trace.names}")
-    if len(set(pools)) != len(pools):
-        raise TraceError(f"pools lists a pool twice: {list(pools)}")
-    if not pools:
-        raise TraceError("pools is empty; name at least one pool or leave it unset for all")
-    return tuple(pools)
+    return names
 
 
 def resample(

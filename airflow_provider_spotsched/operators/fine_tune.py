@@ -41,6 +41,7 @@ from airflow_provider_spotsched.forecast import FORECASTERS
 from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_environment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.links.report import SpotRunReportLink
+from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.source import MarketSource
 from airflow_provider_spotsched.operators.lineage import (
     AdapterLineageMixin,
@@ -104,7 +105,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     The market and the backend:
 
-    :param pools: spot pools (zones / availability zones) the job may use.
+    :param pools: spot pools (zones / availability zones) the job may use, each once: a list, or
+        one comma-separated string (what a template renders to).
     :param instance_type: the instance (EC2) or machine (GCE) type of cloud backends.
     :param regions: if given, every pool must lie in one of these regions.
     :param market_source: the pools' live market (cloud backends): a :class:`MarketSource`, or a
@@ -185,7 +187,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     def __init__(
         self,
         *,
-        pools: Sequence[str],
+        pools: Sequence[str] | str,
         deadline: timedelta | datetime | float | str,
         throughput: Mapping[str, float],
         value: float,
@@ -303,7 +305,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         config = RunConfig(
             job_id=job_id,
             job=job,
-            pools=tuple(self.pools),
+            pools=self._pools(),
             policy=self.policy,
             policy_params=dict(self.policy_params or {}),
             forecaster=self.forecaster,
@@ -388,9 +390,16 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             return self.market_source
         return MarketSpec.coerce(self.market_source)
 
+    def _pools(self) -> tuple[str, ...]:
+        """The rendered pools: a list, or a comma-separated string (a template renders to text)."""
+        try:
+            return pool_names(self.pools)
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
+
     def _check_regions(self) -> None:
         if self.regions:
-            outside = [p for p in self.pools if not any(p.startswith(r) for r in self.regions)]
+            outside = [p for p in self._pools() if not any(p.startswith(r) for r in self.regions)]
             if outside:
                 raise JobError(f"pools {outside} lie outside regions={list(self.regions)}; drop them or add their regions")
 
@@ -411,7 +420,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         if type_option and self.instance_type:
             options.setdefault(type_option, self.instance_type)
         if pools_option:
-            options.setdefault(pools_option, {pool: pool for pool in self.pools})
+            options.setdefault(pools_option, {pool: pool for pool in self._pools()})
         return BackendSpec(self.backend, self.compute_conn_id, options)
 
     # -- the slot loop -------------------------------------------------------------------------

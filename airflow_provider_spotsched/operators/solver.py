@@ -26,7 +26,7 @@ from airflow.sdk import BaseOperator
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
 from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, slot_market_at
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
-from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.operators.fine_tune import job_id_for
 from airflow_provider_spotsched.operators.forecast import forecast_instant
@@ -46,7 +46,7 @@ class SpotAllocationSolverOperator(BaseOperator):
 
     :param market: the market (a :class:`MarketSpec`, its dict, or a trace name or path).
     :param job: the job (spec's job JSON fields), to start a run.
-    :param pools: the run's pools, to start a run.
+    :param pools: the run's pools, to start a run: a list, or one comma-separated string.
     :param run_state: the run to continue (a dict or its JSON; templated).
     :param forecast: a forecast document for ``at`` (a dict or its JSON; templated).
     :param work_done: work units done so far, as measured (templated; default: the last record's).
@@ -67,7 +67,7 @@ class SpotAllocationSolverOperator(BaseOperator):
         *,
         market: MarketSpec | Mapping[str, Any] | str,
         job: Mapping[str, Any] | None = None,
-        pools: Sequence[str] | None = None,
+        pools: Sequence[str] | str | None = None,
         run_state: Mapping[str, Any] | str | None = None,
         forecast: Mapping[str, Any] | str | None = None,
         work_done: float | str | None = None,
@@ -113,7 +113,7 @@ class SpotAllocationSolverOperator(BaseOperator):
         config = RunConfig(
             job_id=self.job_id or job_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index if ti.map_index is not None else -1),
             job=job,
-            pools=tuple(self.pools),
+            pools=pool_names(self.pools),
             policy=self.policy,
             policy_params=dict(self.policy_params or {}),
         )

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_spotsched.forecast import make_forecaster
-from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_timestamp
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError
 from airflow_provider_spotsched.scheduling.policies import make_policy
@@ -52,6 +52,7 @@ class RunConfig:
     """What a real run is: the job, its pools, the policy, a budget cap and the clock.
 
     :param job_id: stable across retries of the same run (it tags every instance).
+    :param pools: the spot pools, each once (:func:`~airflow_provider_spotsched.market.slots.pool_names`).
     :param policy: a registered policy name; ``"selector"`` learns across runs.
     :param forecaster: the model whose forecast is logged each slot (the policy uses its own).
     :param budget: USD cap on the run's cost, or ``None``.
@@ -69,10 +70,13 @@ class RunConfig:
     seconds_per_slot: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.pools:
-            raise JobError("pools is empty: name at least one spot pool (zone or availability zone)")
-        if self.budget is not None and not (isinstance(self.budget, (int, float)) and self.budget > 0):
-            raise BudgetError(f"budget must be a number of USD > 0 or None, got {self.budget!r}")
+        try:
+            object.__setattr__(self, "pools", pool_names(self.pools))
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
+        budget = self.budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0):
+            raise BudgetError(f"budget={budget!r}: not a number of USD > 0; give the run's cost cap, or None for none")
         if self.seconds_per_slot is not None and not self.seconds_per_slot > 0:
             raise JobError(f"seconds_per_slot must be > 0, got {self.seconds_per_slot!r}")
 
