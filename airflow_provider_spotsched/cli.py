@@ -30,7 +30,7 @@ from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, forecast_d
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.trace import Trace, TraceError, load_trace, parse_timestamp
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
-from airflow_provider_spotsched.scheduling.model import Job
+from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Job
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
 from airflow_provider_spotsched.scheduling.replay import job_market, simulate
@@ -69,8 +69,10 @@ def seeded_params(name: str, params: Mapping[str, Any], seed: int | None) -> dic
     return {**params, "seed": seed}
 
 
-def read_job(path: Path) -> Job:
-    """The job in ``path`` (the spec's JSON object), checked for feasibility."""
+def read_job(path: Path, max_instances_limit: int = DEFAULT_MAX_INSTANCES_LIMIT) -> Job:
+    """The job in ``path`` (the spec's JSON object), checked against the instance limit and for feasibility."""
+    if max_instances_limit < 1:
+        raise InputError(f"--max-instances-limit {max_instances_limit}: must be >= 1 instance")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -81,7 +83,7 @@ def read_job(path: Path) -> Job:
         raise InputError(f"{path}: must hold one JSON object with the job's fields, got {type(data).__name__}")
     try:
         job = Job.from_dict(data)
-        job.check_feasible()
+        job.check_feasible(max_instances_limit)
     except (ValueError, TypeError) as exc:  # JobError, and a non-number where a number belongs
         raise InputError(f"{path}: {exc}") from None
     return job
@@ -89,7 +91,7 @@ def read_job(path: Path) -> Job:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     params = dict(parse_param(p) for p in args.param)
-    job = read_job(args.job)
+    job = read_job(args.job, args.max_instances_limit)
     pools = [p.strip() for p in args.pools.split(",")] if args.pools is not None else None
     try:
         market = job_market(load_trace(args.trace), job, pools)
@@ -161,7 +163,7 @@ def cmd_forecast(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a job for real on the local backend, in this process, to its end (see docs/backends.md)."""
-    job = read_job(args.job)
+    job = read_job(args.job, args.max_instances_limit)
     try:
         settings = LocalReplaySettings.from_extra(
             {"workdir": str(args.workdir), "trace": args.trace, "seconds_per_slot": args.seconds_per_slot,
@@ -213,7 +215,8 @@ def _start_run(
     pools = _names([args.pools]) if args.pools else list(env.market.history(datetime.now(timezone.utc)).pools)
     try:
         config = RunConfig(job_id=job_id, job=job, pools=tuple(pools), policy=args.policy, policy_params=params,
-                           forecaster=args.forecaster, seconds_per_slot=env.seconds_per_slot)
+                           forecaster=args.forecaster, seconds_per_slot=env.seconds_per_slot,
+                           max_instances_limit=args.max_instances_limit)
         learnt = selector_state(_read_json(selector_file)) if args.policy == "selector" else None
         if args.training_command:
             command = shlex.split(args.training_command)
@@ -362,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="policy parameter (repeatable); VALUE is read as JSON where it parses, else as a string")
     sim.add_argument("--pools", help="comma-separated pools to schedule over (default: all in the trace)")
     sim.add_argument("--seed", type=int, help="seed for policies that take one (a --param seed=... wins)")
+    sim.add_argument("--max-instances-limit", type=int, default=DEFAULT_MAX_INSTANCES_LIMIT, metavar="N",
+                     help="refuse a job with max_instances above N (default %(default)s)")
     sim.add_argument("--out", type=Path, required=True, help="where to write the simulation-result JSON")
     sim.set_defaults(run=cmd_simulate)
 
@@ -422,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", default="selector", help="policy name (default selector)")
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="policy parameter (repeatable)")
     run.add_argument("--forecaster", default="persistence", help="the model whose forecast is logged each slot")
+    run.add_argument("--max-instances-limit", type=int, default=DEFAULT_MAX_INSTANCES_LIMIT, metavar="N",
+                     help="refuse a job with max_instances above N (default %(default)s)")
     run.add_argument("--checkpoint-uri", help="where checkpoints go (default: under --workdir)")
     run.add_argument("--job-id", help="the run's id (default: from the job file's name); the same id re-attaches")
     run.add_argument("--selector-state", type=Path, help="the selector's learnt state (default: WORKDIR/selector.json)")

@@ -16,7 +16,7 @@ from typing import Any
 import boto3
 import pytest
 
-from airflow_provider_spotsched.cli import main
+from airflow_provider_spotsched.cli import BAD_INPUT, main
 from airflow_provider_spotsched.market.aws import AwsSpotMarketSource
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.source import Tick, trace_from_ticks
@@ -219,3 +219,32 @@ def test_the_solver_operator_refuses_a_pool_named_twice_and_reads_a_string():
 def test_a_boolean_budget_is_refused():
     with pytest.raises(BudgetError, match=r"^budget=True: not a number of USD > 0"):
         RunConfig("r", make_job(), ("a",), budget=True)
+
+
+# -- the instance limit ---------------------------------------------------------------------------
+
+
+def test_a_job_over_the_instance_limit_is_refused_before_anything_runs():
+    huge = make_job(max_instances=10**12)
+    message = r"^max_instances=1000000000000: more than the limit of 1024 instances; lower max_instances"
+    with pytest.raises(JobError, match=message):
+        huge.check_feasible()
+    with pytest.raises(JobError, match=message):
+        RunConfig("r", huge, ("a",), policy="on-demand")
+    assert RunConfig("r", make_job(max_instances=2000), ("a",), max_instances_limit=2048).max_instances_limit == 2048
+    for bad in (0, True):
+        with pytest.raises(JobError, match=rf"^max_instances_limit={bad}: "):
+            RunConfig("r", make_job(), ("a",), max_instances_limit=bad)
+
+
+@pytest.mark.parametrize(("max_instances", "options"), [(10**12, []), (8, ["--max-instances-limit", "4"])])
+def test_the_command_line_refuses_a_job_over_the_instance_limit(tmp_path, capsys, max_instances, options):
+    trace = tmp_path / "t.csv"
+    trace.write_text(HEADER + hourly_rows("a", list(range(48))))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({**JOB, "max_instances": max_instances, "deadline_hours": 30}))
+    args = ["simulate", "--trace", str(trace), "--job", str(job), "--policy", "on-demand", "--out", str(tmp_path / "r.json")]
+    assert main(args + options) == BAD_INPUT
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"job.json: max_instances={max_instances}: more than the limit of" in err[0]
+    assert not (tmp_path / "r.json").exists()

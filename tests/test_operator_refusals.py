@@ -37,3 +37,14 @@ def test_pools_rendered_to_one_string_are_read_comma_separated(tmp_path):
         assert context["task_state_store"].get(STATE_KEY)["run"]["config"]["pools"] == ["us-east4-a", "europe-west1-c"]
     finally:
         op.on_kill()
+
+
+def test_max_instances_over_the_deployments_limit_is_refused_before_anything_launches(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__SPOTSCHED__MAX_INSTANCES_LIMIT", "1")
+    with pytest.raises(JobError, match=r"^max_instances=2: more than the limit of 1 instances"):
+        operator(tmp_path, max_instances=2).execute(TaskContext(TaskStateStore()))
+    monkeypatch.setenv("AIRFLOW__SPOTSCHED__MAX_INSTANCES_LIMIT", "many")
+    with pytest.raises(JobError, match=r"^\[spotsched\] max_instances_limit='many': not an integer"):
+        operator(tmp_path).execute(TaskContext(TaskStateStore()))
+    assert nothing_launched(tmp_path)
+

@@ -50,7 +50,7 @@ from airflow_provider_spotsched.operators.lineage import (
     emit_adapter_event,
 )
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
-from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
+from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
@@ -77,6 +77,17 @@ def rendered_number(name: str, value: Any, integer: bool = False) -> Any:
         raise JobError(f"{name}={value!r} is not {kind}; check the template or XCom that gives it") from None
 
 
+def max_instances_limit() -> int:
+    """``[spotsched] max_instances_limit``: the most instances one job of the deployment may ask for."""
+    text = conf.get("spotsched", "max_instances_limit", fallback=str(DEFAULT_MAX_INSTANCES_LIMIT))
+    try:
+        return int(text)
+    except ValueError:
+        raise JobError(
+            f"[spotsched] max_instances_limit={text!r}: not an integer; set it to a number of instances, e.g. 1024"
+        ) from None
+
+
 def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
     """Stable across retries of one task instance, and a valid tag or label on every cloud."""
     digest = hashlib.sha256(f"{dag_id}|{task_id}|{run_id}|{map_index}".encode()).hexdigest()[:12]
@@ -96,7 +107,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     :param deadline: the soft deadline: a duration (``timedelta``, or hours as a number) from the
         task's start, or a timestamp (``datetime`` or ISO-8601 string, UTC).
     :param min_instances: fewest instances the job runs on (when it runs).
-    :param max_instances: most instances the job runs on.
+    :param max_instances: most instances the job runs on; at most ``[spotsched] max_instances_limit``
+        (default 1024) and, where the backend reads it (EC2), the account's on-demand quota.
     :param throughput: ``{"alpha": a, "beta": b}``: ``a * n + b`` samples per hour on n instances
         (the planning model; progress itself is measured).
     :param value: USD that finishing by the deadline is worth.
@@ -311,6 +323,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             forecaster=self.forecaster,
             budget=None if self.budget is None else rendered_number("budget", self.budget),
             seconds_per_slot=env.seconds_per_slot,
+            max_instances_limit=max_instances_limit(),
         )
         learnt = None
         if self.policy == "selector":

@@ -28,7 +28,7 @@ from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp
-from airflow_provider_spotsched.operators.fine_tune import job_id_for
+from airflow_provider_spotsched.operators.fine_tune import job_id_for, max_instances_limit
 from airflow_provider_spotsched.operators.forecast import forecast_instant
 from airflow_provider_spotsched.scheduling.model import Job, JobError
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
@@ -116,6 +116,7 @@ class SpotAllocationSolverOperator(BaseOperator):
             pools=pool_names(self.pools),
             policy=self.policy,
             policy_params=dict(self.policy_params or {}),
+            max_instances_limit=max_instances_limit(),
         )
         history = slot_market_at(self.market, at, job.slot_hours, config.pools, self.history_hours)
         return OnlineRun.start(config, history, at)

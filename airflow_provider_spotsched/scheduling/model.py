@@ -18,6 +18,10 @@ import numpy as np
 # Progress within this many work units of the total counts as done (float round-off only).
 WORK_EPSILON = 1e-9
 
+DEFAULT_MAX_INSTANCES_LIMIT = 1024
+"""The most instances a job may ask for unless its caller raises the limit: a typo such as
+``max_instances=10**12`` is refused instead of planned for (and allocated)."""
+
 MAX_HORIZON_SLOTS = 100_000
 """The most slots up to a job's hard deadline (11 years of hourly slots): more is a typo in
 ``slot_hours`` or ``deadline_hours``, which would make every policy plan over millions of slots."""
@@ -79,8 +83,18 @@ class Job:
             return 0.0
         return self.value * (gamma * d - completion_hours) / ((gamma - 1.0) * d)
 
-    def check_feasible(self) -> None:
-        """Refuse a job that N_max on-demand instances cannot finish by the soft deadline."""
+    def check_instances(self, max_instances_limit: int = DEFAULT_MAX_INSTANCES_LIMIT) -> None:
+        """Refuse more instances than the caller allows, before anything is planned or launched."""
+        if self.max_instances > max_instances_limit:
+            raise JobError(
+                f"max_instances={self.max_instances}: more than the limit of {max_instances_limit} instances; "
+                "lower max_instances, or raise max_instances_limit if the job really needs that many"
+            )
+
+    def check_feasible(self, max_instances_limit: int = DEFAULT_MAX_INSTANCES_LIMIT) -> None:
+        """Refuse a job over the instance limit, or one that N_max on-demand instances cannot
+        finish by the soft deadline."""
+        self.check_instances(max_instances_limit)
         effective = self.deadline_hours - self.reconfig_overhead_hours
         capacity = max(effective, 0.0) * self.rate(self.max_instances)
         if capacity + WORK_EPSILON < self.work:

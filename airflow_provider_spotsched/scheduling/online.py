@@ -32,7 +32,7 @@ import numpy as np
 from airflow_provider_spotsched.forecast import make_forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_timestamp
-from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError
+from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Allocation, Job, JobError, as_count
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket
@@ -58,6 +58,7 @@ class RunConfig:
     :param budget: USD cap on the run's cost, or ``None``.
     :param seconds_per_slot: wall-clock seconds per slot (``slot_hours`` x 3600 for a real
         market; a few seconds when a trace is replayed on an accelerated clock).
+    :param max_instances_limit: the most instances the job may ask for (a deployment's cap).
     """
 
     job_id: str
@@ -68,6 +69,7 @@ class RunConfig:
     forecaster: str = "persistence"
     budget: float | None = None
     seconds_per_slot: float | None = None
+    max_instances_limit: int = DEFAULT_MAX_INSTANCES_LIMIT
 
     def __post_init__(self) -> None:
         try:
@@ -79,6 +81,9 @@ class RunConfig:
             raise BudgetError(f"budget={budget!r}: not a number of USD > 0; give the run's cost cap, or None for none")
         if self.seconds_per_slot is not None and not self.seconds_per_slot > 0:
             raise JobError(f"seconds_per_slot must be > 0, got {self.seconds_per_slot!r}")
+        if as_count("max_instances_limit", self.max_instances_limit) < 1:
+            raise JobError(f"max_instances_limit={self.max_instances_limit}: must be >= 1; give the most instances a job may use")
+        self.job.check_instances(self.max_instances_limit)
 
     @property
     def wall_seconds_per_slot(self) -> float:
@@ -170,7 +175,7 @@ class OnlineRun:
         anything is launched.
         """
         job = config.job
-        job.check_feasible()
+        job.check_feasible(config.max_instances_limit)
         if getattr(run_policy := make_policy(config.policy, config.policy_params), "uses_future", False):
             raise JobError(
                 f"policy={run_policy.label} needs the future market: it is a reference for simulations; "
