@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.operators.fine_tune import STATE_KEY
 from airflow_provider_spotsched.scheduling.model import JobError
 from tests.task_context import TaskContext, TaskStateStore
@@ -48,3 +49,10 @@ def test_max_instances_over_the_deployments_limit_is_refused_before_anything_lau
         operator(tmp_path).execute(TaskContext(TaskStateStore()))
     assert nothing_launched(tmp_path)
 
+
+def test_max_instances_over_the_accounts_quota_is_refused_before_anything_launches(tmp_path, monkeypatch):
+    monkeypatch.setattr(LocalBackend, "instance_limit", lambda self: 1)
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=r"^max_instances=2: more than the 1 instance\(s\) the local account may run"):
+        operator(tmp_path, max_instances=2).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
