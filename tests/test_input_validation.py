@@ -24,6 +24,7 @@ from airflow_provider_spotsched.market.trace import COLUMNS, TraceError, load_tr
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.online import BudgetError, RunConfig
 from tests.markets import make_job
+from tests.test_cli_run import run_args, write_job
 from tests.test_solver_operator import AT, solve
 from tests.test_solver_operator import JOB as SOLVER_JOB
 
@@ -248,3 +249,17 @@ def test_the_command_line_refuses_a_job_over_the_instance_limit(tmp_path, capsys
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and f"job.json: max_instances={max_instances}: more than the limit of" in err[0]
     assert not (tmp_path / "r.json").exists()
+
+
+# -- spotsched run ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("forecaster", "message"),
+    [("oracle", "forecaster='oracle': needs the future market"), ("crystal-ball", "unknown forecaster 'crystal-ball'")],
+)
+def test_run_refuses_a_forecaster_it_cannot_log_before_anything_launches(tmp_path, capsys, forecaster, message):
+    assert main(run_args(tmp_path, write_job(tmp_path), "--forecaster", forecaster)) == BAD_INPUT
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"spotsched run: error: {message}")
+    assert not (tmp_path / "work" / "jobs").exists() or not any((tmp_path / "work" / "jobs").iterdir())

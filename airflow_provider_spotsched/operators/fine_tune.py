@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import shlex
 import sys
@@ -50,8 +49,17 @@ from airflow_provider_spotsched.operators.lineage import (
     emit_adapter_event,
 )
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
-from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Job, JobError, Throughput
+from airflow_provider_spotsched.scheduling.model import (
+    DEFAULT_MAX_INSTANCES_LIMIT,
+    Job,
+    JobError,
+    Throughput,
+    as_count,
+    as_number,
+    check_field,
+)
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
+from airflow_provider_spotsched.scheduling.policies import POLICIES
 from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 
@@ -86,6 +94,14 @@ def max_instances_limit() -> int:
         raise JobError(
             f"[spotsched] max_instances_limit={text!r}: not an integer; set it to a number of instances, e.g. 1024"
         ) from None
+
+
+def _names(value: Sequence[str] | str, field: str) -> tuple[str, ...]:
+    """Names from a list or a comma-separated string (:func:`pool_names`), refused as a JobError."""
+    try:
+        return pool_names(value, field)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
 
 
 def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
@@ -240,7 +256,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         self.hard_deadline_factor = hard_deadline_factor
         self.reconfig_overhead_hours = reconfig_overhead_hours
         self.instance_type = instance_type
-        self.regions = regions
+        self.regions = None if regions is None else _names(regions, "regions")
         if market_source is not None and not isinstance(market_source, MarketSource):
             MarketSpec.coerce(market_source)  # a wrong kind fails when the DAG is parsed; templates render later
         self.market_source = market_source
@@ -260,12 +276,51 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         )
         self.forecaster = forecaster or default_forecaster()
         if poll_interval is None and (configured := conf.get("spotsched", "default_poll_interval", fallback="")):
-            poll_interval = float(configured)
-        if poll_interval is not None and not (isinstance(poll_interval, (int, float)) and 0 < poll_interval < math.inf):
-            raise ValueError(f"poll_interval must be a number of seconds > 0, got {poll_interval!r}")
+            try:
+                poll_interval = float(configured)
+            except ValueError:
+                raise JobError(
+                    f"[spotsched] default_poll_interval={configured!r}: not a number; set it to seconds, e.g. 30, or empty"
+                ) from None
+        if poll_interval is not None and as_number("poll_interval", poll_interval) <= 0:
+            raise JobError(f"poll_interval={poll_interval!r}: must be > 0 seconds; give the seconds between status polls")
         self.poll_interval = poll_interval
         self.deferrable = deferrable
         self._running: RunDriver | None = None
+        self._check_arguments()
+
+    def _check_arguments(self) -> None:
+        """Refuse, when the DAG is parsed, every argument no template will change: the ones not
+        templated, and templated numbers given as numbers. Text may be a template; it is checked
+        when the task starts, after rendering."""
+        BackendSpec(self.backend, self.compute_conn_id)  # a known backend, with a connection where it needs one
+        if self.policy not in POLICIES:
+            raise JobError(f"policy={self.policy!r}: not a registered policy; choose one of {sorted(POLICIES)}")
+        if self.forecaster not in FORECASTERS or self.forecaster == "oracle":
+            known = sorted(set(FORECASTERS) - {"oracle"})
+            raise JobError(f"forecaster={self.forecaster!r}: not a forecaster of a live market; choose one of {known}")
+        if not isinstance(self.deferrable, bool):
+            raise JobError(f"deferrable={self.deferrable!r}: not a bool; give True (wait in the triggerer) or False")
+        for name in ("slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):
+            check_field(name, getattr(self, name))
+        if self.reconfig_overhead_hours >= self.slot_hours:
+            raise JobError(
+                f"reconfig_overhead_hours={self.reconfig_overhead_hours:g}: must be < slot_hours={self.slot_hours:g}; "
+                "a reconfiguration loses less than one slot"
+            )
+        throughput = self.throughput if isinstance(self.throughput, Mapping) else {}
+        given = {"work": self.work, "value": self.value, "min_instances": self.min_instances,
+                 "max_instances": self.max_instances, **{f"throughput.{k}": v for k, v in throughput.items()}}
+        for name, value in given.items():
+            if isinstance(value, (int, float)):
+                check_field(name, value)
+        for name in ("steps", "batch_size"):
+            if isinstance(value := getattr(self, name), (int, float)) and as_count(name, value) < 1:
+                raise JobError(f"{name}={value}: must be >= 1; give a whole number")
+        if isinstance(self.budget, (int, float)) and as_number("budget", self.budget) <= 0:
+            raise JobError(f"budget={self.budget:g}: must be > 0 USD; give the run's cost cap, or None for none")
+        if isinstance(self.deadline, (timedelta, datetime, int, float)):
+            self._deadline_hours(datetime.now(timezone.utc), self.slot_hours * 3600.0)
 
     # -- Airflow entry points ------------------------------------------------------------------
 
@@ -342,13 +397,16 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
                 throughput = None
         if not isinstance(throughput, Mapping) or "alpha" not in throughput:
             raise JobError(f'throughput must be {{"alpha": samples/hour per instance, "beta": ...}}, got {self.throughput!r}')
+        alpha, beta = (
+            as_number(f"throughput.{k}", rendered_number(f"throughput.{k}", throughput.get(k, 0.0))) for k in ("alpha", "beta")
+        )
         return Job(
             work=self._work(),
             deadline_hours=self._deadline_hours(now, seconds_per_slot),
             max_instances=rendered_number("max_instances", self.max_instances, integer=True),
             min_instances=rendered_number("min_instances", self.min_instances, integer=True),
-            throughput=Throughput(float(throughput["alpha"]), float(throughput.get("beta", 0.0))),
-            value=float(rendered_number("value", self.value)),
+            throughput=Throughput(alpha, beta),
+            value=as_number("value", rendered_number("value", self.value)),
             hard_deadline_factor=float(self.hard_deadline_factor),
             reconfig_overhead_hours=float(self.reconfig_overhead_hours),
             slot_hours=float(self.slot_hours),
@@ -358,12 +416,12 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         """``work``, or ``steps * batch_size``, or the training config's samples; they must agree."""
         given = []
         if self.work is not None:
-            given.append(("work", float(rendered_number("work", self.work))))
+            given.append(("work", as_number("work", rendered_number("work", self.work))))
         if self.steps is not None or self.batch_size is not None:
             if self.steps is None or self.batch_size is None:
                 raise JobError("steps and batch_size go together: work = steps * batch_size (global batch)")
             steps, batch_size = rendered_number("steps", self.steps), rendered_number("batch_size", self.batch_size)
-            given.append(("steps * batch_size", float(steps) * float(batch_size)))
+            given.append(("steps * batch_size", as_number("steps", steps) * as_number("batch_size", batch_size)))
         if self.training_config is not None:
             from airflow_provider_spotsched.runtime.config import TrainConfig
 
@@ -377,10 +435,11 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     def _deadline_hours(self, now: datetime, seconds_per_slot: float) -> float:
         """Hours on the run's clock; a timestamp counts on the wall clock (sped up on a replay)."""
         deadline = self.deadline
-        if isinstance(deadline, timedelta):
-            return deadline.total_seconds() / 3600.0
-        if isinstance(deadline, (int, float)) and not isinstance(deadline, bool):
-            return float(deadline)
+        if isinstance(deadline, (timedelta, int, float)):
+            hours = deadline.total_seconds() / 3600.0 if isinstance(deadline, timedelta) else as_number("deadline", deadline)
+            if hours <= 0:
+                raise JobError(f"deadline={deadline!r}: must be a duration > 0 from the task's start; give a later deadline")
+            return hours
         if isinstance(deadline, str):
             try:
                 deadline = datetime.fromisoformat(deadline.replace("Z", "+00:00"))
@@ -405,10 +464,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     def _pools(self) -> tuple[str, ...]:
         """The rendered pools: a list, or a comma-separated string (a template renders to text)."""
-        try:
-            return pool_names(self.pools)
-        except ValueError as exc:
-            raise JobError(str(exc)) from None
+        return _names(self.pools, "pools")
 
     def _check_regions(self) -> None:
         if self.regions:

@@ -30,8 +30,9 @@ from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.operators.fine_tune import job_id_for, max_instances_limit
 from airflow_provider_spotsched.operators.forecast import forecast_instant
-from airflow_provider_spotsched.scheduling.model import Job, JobError
+from airflow_provider_spotsched.scheduling.model import Job, JobError, as_number, check_field
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
+from airflow_provider_spotsched.scheduling.policies import POLICIES
 
 RUN_STATE_KEY = "run_state"
 
@@ -84,6 +85,11 @@ class SpotAllocationSolverOperator(BaseOperator):
         self.job, self.pools, self.run_state, self.forecast = job, pools, run_state, forecast
         self.work_done, self.at = work_done, at
         self.policy, self.policy_params = policy, policy_params
+        if policy not in POLICIES:  # policy and slot_hours are no templates: refused when the DAG is parsed
+            raise JobError(f"policy={policy!r}: not a registered policy; choose one of {sorted(POLICIES)}")
+        check_field("slot_hours", slot_hours)
+        if as_number("history_hours", history_hours) <= 0:
+            raise JobError(f"history_hours={history_hours!r}: must be > 0; give the hours of market history to read")
         self.slot_hours, self.job_id, self.history_hours = float(slot_hours), job_id, float(history_hours)
 
     def execute(self, context: Any) -> dict[str, Any]:

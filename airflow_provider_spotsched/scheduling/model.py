@@ -176,28 +176,41 @@ def as_count(name: str, value: object) -> int:
     return int(value)
 
 
+FIELD_RULES: dict[str, tuple[bool, float, bool, str]] = {
+    "work": (False, 0, False, "give the job's size in work units (e.g. training samples)"),
+    "deadline_hours": (False, 0, False, "give the soft deadline in hours after submission"),
+    "value": (False, 0, True, "give the USD that finishing by the deadline is worth"),
+    "slot_hours": (False, 0, False, "give the decision slot's length in hours, e.g. 1.0"),
+    "hard_deadline_factor": (False, 1, True, "the hard deadline is this multiple of deadline_hours; use 1 for none"),
+    "reconfig_overhead_hours": (False, 0, True, "give the compute hours a reconfiguration loses"),
+    "min_instances": (True, 1, True, "a running job uses at least one instance"),
+    "max_instances": (True, 1, True, "a running job uses at least one instance"),
+    "throughput.alpha": (False, 0, False, "give the work units per hour each instance adds"),
+}
+"""A field's rule on its own: (an integer?, its bound, whether the bound is allowed, the fix).
+The operator checks an argument no template will change with these when the DAG is parsed."""
+
+
+def check_field(name: str, value: object) -> None:
+    """Refuse ``value`` for job field ``name`` (or ``throughput.alpha``/``.beta``) on its own."""
+    integer, bound, inclusive, fix = FIELD_RULES.get(name, (False, -math.inf, True, ""))
+    number = as_count(name, value) if integer else as_number(name, value)
+    if number < bound or (number == bound and not inclusive):
+        raise JobError(f"{name}={number:g}: must be {'>=' if inclusive else '>'} {bound:g}; {fix}")
+
+
 def _validate(job: Job) -> None:
     def need(ok: bool, message: str) -> None:
         if not ok:
             raise JobError(message)
 
-    for name in ("work", "deadline_hours", "value", "slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):
-        as_number(name, getattr(job, name))
-    for name in ("min_instances", "max_instances"):
-        as_count(name, getattr(job, name))
-    need(job.work > 0, f"work={job.work:g}: must be > 0; give the job's size in work units (e.g. training samples)")
-    need(job.deadline_hours > 0, f"deadline_hours={job.deadline_hours:g}: must be > 0; give the soft deadline in hours")
-    need(job.slot_hours > 0, f"slot_hours={job.slot_hours:g}: must be > 0; give the slot length in hours, e.g. 1.0")
-    need(job.value >= 0, f"value={job.value:g}: must be >= 0; give the USD that finishing by the deadline is worth")
+    fields = {name: getattr(job, name) for name in FIELD_RULES if "." not in name}
+    for name, value in {**fields, "throughput.alpha": job.throughput.alpha, "throughput.beta": job.throughput.beta}.items():
+        check_field(name, value)
     need(
-        job.hard_deadline_factor >= 1,
-        f"hard_deadline_factor={job.hard_deadline_factor:g}: must be >= 1 (the hard deadline is this multiple "
-        "of deadline_hours); use 1 for none",
-    )
-    need(
-        0 <= job.reconfig_overhead_hours < job.slot_hours,
-        f"reconfig_overhead_hours={job.reconfig_overhead_hours:g}: must be in [0, slot_hours={job.slot_hours:g}); "
-        "give the compute a reconfiguration loses, less than one slot",
+        job.reconfig_overhead_hours < job.slot_hours,
+        f"reconfig_overhead_hours={job.reconfig_overhead_hours:g}: must be < slot_hours={job.slot_hours:g}; "
+        "a reconfiguration loses less than one slot",
     )
     need(
         job.slot_hours <= job.deadline_hours,
@@ -210,16 +223,12 @@ def _validate(job: Job) -> None:
         f"deadline_hours={job.deadline_hours:g}: with slot_hours={job.slot_hours:g} the job spans {slots:.3g} slots "
         f"to its hard deadline, more than {MAX_HORIZON_SLOTS}; use longer slots or a nearer deadline",
     )
-    need(1 <= job.min_instances, f"min_instances={job.min_instances}: must be >= 1; a running job uses an instance")
     need(
         job.min_instances <= job.max_instances,
         f"max_instances={job.max_instances}: must be >= min_instances={job.min_instances}; "
         "raise max_instances or lower min_instances",
     )
     tp = job.throughput
-    as_number("throughput.alpha", tp.alpha)
-    as_number("throughput.beta", tp.beta)
-    need(tp.alpha > 0, f"throughput.alpha={tp.alpha:g}: must be > 0 (work units per hour per instance); measure it")
     need(
         tp(job.min_instances) > 0,
         f"throughput.beta={tp.beta:g}: H(min_instances={job.min_instances}) is not > 0; raise throughput.beta",

@@ -181,6 +181,11 @@ class OnlineRun:
                 f"policy={run_policy.label} needs the future market: it is a reference for simulations; "
                 "choose selector, chc, prediction-free, uniform-progress, greedy or on-demand"
             )
+        if getattr(make_forecaster(config.forecaster), "uses_future", False):
+            raise JobError(
+                f"forecaster={config.forecaster!r}: needs the future market, a reference for simulations; "
+                "choose auto, persistence, seasonal-naive, arima, holt-winters or markov-count"
+            )
         missing = [p for p in config.pools if p not in history.pools]
         if missing:
             raise JobError(f"unknown pool(s) {missing}; the market offers {list(history.pools)}")
