@@ -91,8 +91,10 @@ def test_a_number_too_large_for_a_float_is_refused_not_a_crash():
 
 
 def test_a_job_of_millions_of_slots_is_refused():
-    with pytest.raises(JobError, match=r"^deadline_hours=100: with slot_hours=0.0001 the job spans 1.5e\+06 slots"):
-        make_job(deadline_hours=100.0, slot_hours=1e-4)
+    with pytest.raises(JobError, match=r"^deadline_hours=200000: with slot_hours=1 the job spans 3e\+05 slots"):
+        make_job(deadline_hours=2e5)
+    with pytest.raises(JobError, match=r"^slot_hours=1e-09: must be >= 0.0166667; a slot lasts a minute or more"):
+        make_job(deadline_hours=1e-9, slot_hours=1e-9)  # a week of history before it: 6e14 slots
 
 
 # -- trace rows and market sources ----------------------------------------------------------------
@@ -263,3 +265,26 @@ def test_run_refuses_a_forecaster_it_cannot_log_before_anything_launches(tmp_pat
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"spotsched run: error: {message}")
     assert not (tmp_path / "work" / "jobs").exists() or not any((tmp_path / "work" / "jobs").iterdir())
+
+
+# -- what the sweep (tests/test_input_sweep.py) found -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"min_instances": 10**400, "max_instances": 10**400}, r"^min_instances=10{36}\.\.\.: too large to count instances"),
+        ({"throughput": {"alpha": 1e308}, "max_instances": 4}, r"^throughput.alpha=1e\+308: H\(max_instances=4\) overflows"),
+        ({"start": "0001-01-01T00:00:00+01:00"}, r"^start='0001-01-01T00:00:00\+01:00': not a UTC ISO-8601 timestamp"),
+        ({"hard_deadline_factor": 1e308}, r"^deadline_hours=6: with slot_hours=1 the job spans inf slots"),
+    ],
+)
+def test_numbers_at_the_edge_of_floats_are_refused_not_crashed_on(fields, message):
+    with pytest.raises(JobError, match=message):
+        Job.from_dict({**JOB, **fields})
+
+
+def test_an_infeasible_job_whose_missing_instances_overflow_still_names_the_deadline():
+    job = make_job(work=1e308, deadline_hours=0.26, slot_hours=0.26, reconfig_overhead_hours=0.25)
+    with pytest.raises(JobError, match=r"job is infeasible: .* set deadline_hours >= 5e\+307$"):
+        job.check_feasible()

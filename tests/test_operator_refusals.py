@@ -74,7 +74,7 @@ def test_poll_interval_below_zero_fails_when_the_dag_is_parsed_and_nothing_launc
         ({"backend": "ec2", "compute_conn_id": None}, r"^backend='ec2' needs compute_conn_id"),
         ({"policy": "magic"}, r"^policy='magic': not a registered policy; choose one of \['chc', "),
         ({"forecaster": "oracle"}, r"^forecaster='oracle': not a forecaster of a live market; choose one of \['arima', "),
-        ({"slot_hours": 0}, r"^slot_hours=0: must be > 0; give the decision slot's length in hours"),
+        ({"slot_hours": 0}, r"^slot_hours=0: must be >= 0.0166667; a slot lasts a minute or more"),
         ({"slot_hours": "1"}, r"^slot_hours='1': text, not a number"),
         ({"hard_deadline_factor": 0.5}, r"^hard_deadline_factor=0.5: must be >= 1; "),
         ({"reconfig_overhead_hours": -0.1}, r"^reconfig_overhead_hours=-0.1: must be >= 0; "),
@@ -111,7 +111,7 @@ def test_templated_arguments_holding_jinja_are_left_for_the_task_to_check(tmp_pa
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [({"policy": "magic"}, r"^policy='magic': not a registered policy"), ({"slot_hours": 0}, r"^slot_hours=0: must be > 0"),
+    [({"policy": "magic"}, r"^policy='magic': not a registered policy"), ({"slot_hours": 0}, r"^slot_hours=0: must be >= 0.0166667"),
      ({"history_hours": -1}, r"^history_hours=-1: must be > 0")],
 )
 def test_the_solver_operator_refuses_its_untemplated_arguments_when_the_dag_is_parsed(overrides, message):

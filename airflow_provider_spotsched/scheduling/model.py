@@ -22,6 +22,13 @@ DEFAULT_MAX_INSTANCES_LIMIT = 1024
 """The most instances a job may ask for unless its caller raises the limit: a typo such as
 ``max_instances=10**12`` is refused instead of planned for (and allocated)."""
 
+MIN_SLOT_HOURS = 1 / 60
+"""One minute: shorter slots cannot change what runs (instances take minutes to start), and a
+week of history would take millions of them."""
+
+MAX_COUNT = 2**53
+"""The largest whole number a float holds exactly."""
+
 MAX_HORIZON_SLOTS = 100_000
 """The most slots up to a job's hard deadline (11 years of hourly slots): more is a typo in
 ``slot_hours`` or ``deadline_hours``, which would make every policy plan over millions of slots."""
@@ -95,12 +102,12 @@ class Job:
         """Refuse a job over the instance limit, or one that N_max on-demand instances cannot
         finish by the soft deadline."""
         self.check_instances(max_instances_limit)
-        effective = self.deadline_hours - self.reconfig_overhead_hours
-        capacity = max(effective, 0.0) * self.rate(self.max_instances)
+        effective = self.deadline_hours - self.reconfig_overhead_hours  # > 0: overhead < slot <= deadline
+        capacity = effective * self.rate(self.max_instances)
         if capacity + WORK_EPSILON < self.work:
             needed_hours = self.work / self.rate(self.max_instances) + self.reconfig_overhead_hours
-            needed_n = math.ceil((self.work / effective - self.throughput.beta) / self.throughput.alpha) if effective > 0 else None
-            more = f" or max_instances >= {needed_n}" if needed_n is not None else ""
+            needed_n = (self.work / effective - self.throughput.beta) / self.throughput.alpha
+            more = f" or max_instances >= {math.ceil(needed_n)}" if math.isfinite(needed_n) else ""
             raise JobError(
                 f"job is infeasible: {self.max_instances} on-demand instances finish only "
                 f"{capacity:.4g} of work={self.work:.4g} units by deadline_hours={self.deadline_hours:g}; "
@@ -170,9 +177,12 @@ def as_number(name: str, value: object) -> float:
 
 
 def as_count(name: str, value: object) -> int:
-    """``value`` as an instance count: an integer, never a bool (JSON ``true`` is no count)."""
+    """``value`` as an instance count: an integer, never a bool (JSON ``true`` is no count), and
+    one a float holds exactly (the model computes H(n) in floats)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise JobError(f"{name}={shown(value)}: not an integer; give a whole number of instances")
+    if abs(int(value)) > MAX_COUNT:
+        raise JobError(f"{name}={shown(value)}: too large to count instances; give a whole number of instances")
     return int(value)
 
 
@@ -180,7 +190,8 @@ FIELD_RULES: dict[str, tuple[bool, float, bool, str]] = {
     "work": (False, 0, False, "give the job's size in work units (e.g. training samples)"),
     "deadline_hours": (False, 0, False, "give the soft deadline in hours after submission"),
     "value": (False, 0, True, "give the USD that finishing by the deadline is worth"),
-    "slot_hours": (False, 0, False, "give the decision slot's length in hours, e.g. 1.0"),
+    "slot_hours": (False, MIN_SLOT_HOURS, True, "a slot lasts a minute or more (instances take minutes to start); give "
+                   "its length in hours, e.g. 1.0"),
     "hard_deadline_factor": (False, 1, True, "the hard deadline is this multiple of deadline_hours; use 1 for none"),
     "reconfig_overhead_hours": (False, 0, True, "give the compute hours a reconfiguration loses"),
     "min_instances": (True, 1, True, "a running job uses at least one instance"),
@@ -232,6 +243,11 @@ def _validate(job: Job) -> None:
     need(
         tp(job.min_instances) > 0,
         f"throughput.beta={tp.beta:g}: H(min_instances={job.min_instances}) is not > 0; raise throughput.beta",
+    )
+    need(
+        math.isfinite(tp(job.max_instances)),
+        f"throughput.alpha={tp.alpha:g}: H(max_instances={job.max_instances}) overflows; give the work units per hour "
+        "each instance adds",
     )
 
 
