@@ -199,7 +199,7 @@ def test_a_count_or_a_timestamp_out_of_range_is_a_trace_error(tmp_path, cell):
 
 
 def test_a_run_refuses_a_pool_named_twice():
-    with pytest.raises(JobError, match=r"^pools=\['a', 'b', 'a'\]: names \['a'\] more than once; name each pool once$"):
+    with pytest.raises(JobError, match=r"^pools=\['a', 'b', 'a'\]: names \['a'\] more than once; name each once$"):
         RunConfig("r", make_job(), ("a", "b", "a"))
 
 
@@ -208,7 +208,7 @@ def test_a_run_reads_one_string_as_comma_separated_pools_not_as_characters():
     assert RunConfig("r", make_job(), " us-east4-a, europe-west1-c").pools == ("us-east4-a", "europe-west1-c")
     with pytest.raises(JobError, match=r"^pools=\"\['us-east4-a'\]\": a list written as text; give the list itself"):
         RunConfig("r", make_job(), "['us-east4-a']")
-    with pytest.raises(JobError, match=r"^pools=\['a', ''\]: '' is no pool name"):
+    with pytest.raises(JobError, match=r"^pools=\['a', ''\]: '' is not a name"):
         RunConfig("r", make_job(), "a,")
 
 

@@ -86,7 +86,7 @@ def test_poll_interval_below_zero_fails_when_the_dag_is_parsed_and_nothing_launc
         ({"min_instances": 1.5}, r"^min_instances=1.5: not an integer"),
         ({"throughput": {"alpha": float("inf")}}, r"^throughput.alpha=inf: not a finite number"),
         ({"work": None, "steps": 0, "batch_size": 8}, r"^steps=0: must be >= 1"),
-        ({"budget": 0}, r"^budget=0: must be > 0 USD"),
+        ({"budget": 0}, r"^budget=0: not a number of USD > 0"),
         ({"deadline": -1}, r"^deadline=-1: must be a duration > 0 from the task's start"),
         ({"deadline": timedelta(0)}, r"^deadline=datetime.timedelta\(0\): must be a duration > 0"),
         ({"deadline": datetime(2030, 1, 1)}, r"^deadline 2030-01-01T00:00:00 has no time zone"),

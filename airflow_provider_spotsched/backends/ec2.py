@@ -82,6 +82,7 @@ _TERMINATE_BATCH = 1000  # terminate_instances takes at most 1000 ids per call
 ON_DEMAND_QUOTAS = {"standard": "L-1216C47A", "p": "L-417A185B", "g": "L-DB2E81BA", "vt": "L-DB2E81BA"}
 """Service Quotas codes of "Running On-Demand <family> instances" (vCPUs), by instance family."""
 STANDARD_FAMILIES = frozenset("acdhimrtz")
+"""Families under the standard quota: "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"."""
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,8 @@ class SlotMarket:
 
 
 def pool_names(pools: str | Sequence[str], field: str = "pools") -> tuple[str, ...]:
-    """Pool names from a list, or from one comma-separated string (what a rendered Airflow
-    template gives); a name given twice is refused, it would count that pool's instances twice."""
+    """Pool (or region) names from a list, or from one comma-separated string (what a rendered
+    Airflow template gives); a name given twice is refused, it would count that pool's instances twice."""
     if isinstance(pools, str):
         if pools.lstrip().startswith("["):
             raise ValueError(
@@ -86,15 +86,15 @@ def pool_names(pools: str | Sequence[str], field: str = "pools") -> tuple[str, .
     elif isinstance(pools, Sequence):
         names = list(pools)
     else:
-        raise ValueError(f"{field}={pools!r}: not a list of pool names; give a list such as ['us-east4-a']")
+        raise ValueError(f"{field}={pools!r}: not a list of names; give a list such as ['us-east4-a']")
     if not names:
-        raise ValueError(f"{field}=[]: empty; name at least one spot pool (zone or availability zone)")
+        raise ValueError(f"{field}=[]: empty; name at least one (a zone, an availability zone or a region)")
     bad = [name for name in names if not isinstance(name, str) or not name.strip()]
     if bad:
-        raise ValueError(f"{field}={names!r}: {bad[0]!r} is no pool name; give zone names such as 'us-east4-a'")
+        raise ValueError(f"{field}={names!r}: {bad[0]!r} is not a name; give names such as 'us-east4-a'")
     twice = sorted({name for name in names if names.count(name) > 1}, key=str)
     if twice:
-        raise ValueError(f"{field}={names!r}: names {twice} more than once; name each pool once")
+        raise ValueError(f"{field}={names!r}: names {twice} more than once; name each once")
     return tuple(str(name) for name in names)
 
 

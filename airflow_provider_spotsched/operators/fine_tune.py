@@ -57,8 +57,9 @@ from airflow_provider_spotsched.scheduling.model import (
     as_count,
     as_number,
     check_field,
+    check_overhead,
 )
-from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, check_budget
 from airflow_provider_spotsched.scheduling.policies import POLICIES
 from airflow_provider_spotsched.scheduling.selector_store import selector_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
@@ -303,11 +304,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             raise JobError(f"deferrable={self.deferrable!r}: not a bool; give True (wait in the triggerer) or False")
         for name in ("slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):
             check_field(name, getattr(self, name))
-        if self.reconfig_overhead_hours >= self.slot_hours:
-            raise JobError(
-                f"reconfig_overhead_hours={self.reconfig_overhead_hours:g}: must be < slot_hours={self.slot_hours:g}; "
-                "a reconfiguration loses less than one slot"
-            )
+        check_overhead(self.reconfig_overhead_hours, self.slot_hours)
         throughput = self.throughput if isinstance(self.throughput, Mapping) else {}
         given = {"work": self.work, "value": self.value, "min_instances": self.min_instances,
                  "max_instances": self.max_instances, **{f"throughput.{k}": v for k, v in throughput.items()}}
@@ -317,8 +314,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         for name in ("steps", "batch_size"):
             if isinstance(value := getattr(self, name), (int, float)) and as_count(name, value) < 1:
                 raise JobError(f"{name}={value}: must be >= 1; give a whole number")
-        if isinstance(self.budget, (int, float)) and as_number("budget", self.budget) <= 0:
-            raise JobError(f"budget={self.budget:g}: must be > 0 USD; give the run's cost cap, or None for none")
+        if isinstance(self.budget, (int, float)):
+            check_budget(self.budget)
         if isinstance(self.deadline, (timedelta, datetime, int, float)):
             self._deadline_hours(datetime.now(timezone.utc), self.slot_hours * 3600.0)
 

@@ -210,6 +210,15 @@ def check_field(name: str, value: object) -> None:
         raise JobError(f"{name}={number:g}: must be {'>=' if inclusive else '>'} {bound:g}; {fix}")
 
 
+def check_overhead(reconfig_overhead_hours: float, slot_hours: float) -> None:
+    """Refuse an overhead of a slot or more: a reconfiguration slot would make no progress."""
+    if reconfig_overhead_hours >= slot_hours:
+        raise JobError(
+            f"reconfig_overhead_hours={reconfig_overhead_hours:g}: must be < slot_hours={slot_hours:g}; "
+            "a reconfiguration loses less than one slot"
+        )
+
+
 def _validate(job: Job) -> None:
     def need(ok: bool, message: str) -> None:
         if not ok:
@@ -218,11 +227,7 @@ def _validate(job: Job) -> None:
     fields = {name: getattr(job, name) for name in FIELD_RULES if "." not in name}
     for name, value in {**fields, "throughput.alpha": job.throughput.alpha, "throughput.beta": job.throughput.beta}.items():
         check_field(name, value)
-    need(
-        job.reconfig_overhead_hours < job.slot_hours,
-        f"reconfig_overhead_hours={job.reconfig_overhead_hours:g}: must be < slot_hours={job.slot_hours:g}; "
-        "a reconfiguration loses less than one slot",
-    )
+    check_overhead(job.reconfig_overhead_hours, job.slot_hours)
     need(
         job.slot_hours <= job.deadline_hours,
         f"slot_hours={job.slot_hours:g}: longer than deadline_hours={job.deadline_hours:g}, so the first slot "

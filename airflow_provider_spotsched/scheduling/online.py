@@ -76,9 +76,8 @@ class RunConfig:
             object.__setattr__(self, "pools", pool_names(self.pools))
         except ValueError as exc:
             raise JobError(str(exc)) from None
-        budget = self.budget
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0):
-            raise BudgetError(f"budget={budget!r}: not a number of USD > 0; give the run's cost cap, or None for none")
+        if self.budget is not None:
+            check_budget(self.budget)
         if self.seconds_per_slot is not None and not self.seconds_per_slot > 0:
             raise JobError(f"seconds_per_slot must be > 0, got {self.seconds_per_slot!r}")
         if as_count("max_instances_limit", self.max_instances_limit) < 1:
@@ -102,6 +101,12 @@ class RunConfig:
         fields["job"] = Job.from_dict(fields["job"])
         fields["pools"] = tuple(fields["pools"])
         return cls(**fields)
+
+
+def check_budget(budget: object) -> None:
+    """Refuse a budget that is no number of USD > 0 (``True`` is no budget)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        raise BudgetError(f"budget={budget!r}: not a number of USD > 0; give the run's cost cap, or None for none")
 
 
 def allocation_to_dict(allocation: Allocation, pools: Sequence[str]) -> dict[str, Any]:
