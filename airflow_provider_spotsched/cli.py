@@ -2,6 +2,8 @@
 
 Bad input (a job or trace file that does not parse, an infeasible job, an unknown policy or
 parameter) ends with exit code 2 and one line that names the file or field, never a traceback.
+The library's warnings (a long hole in a trace, a pool short of capacity) go to stderr as
+``spotsched <command>: warning: ...`` lines.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import logging
 import re
 import shlex
 import sys
@@ -28,7 +31,7 @@ from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate, write_trace
 from airflow_provider_spotsched.market.trace import Trace, TraceError, load_trace, parse_timestamp
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
-from airflow_provider_spotsched.scheduling.model import Job
+from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Job
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
 from airflow_provider_spotsched.scheduling.replay import job_market, simulate
@@ -67,8 +70,10 @@ def seeded_params(name: str, params: Mapping[str, Any], seed: int | None) -> dic
     return {**params, "seed": seed}
 
 
-def read_job(path: Path) -> Job:
-    """The job in ``path`` (the spec's JSON object), checked for feasibility."""
+def read_job(path: Path, max_instances_limit: int = DEFAULT_MAX_INSTANCES_LIMIT) -> Job:
+    """The job in ``path`` (the spec's JSON object), checked against the instance limit and for feasibility."""
+    if max_instances_limit < 1:
+        raise InputError(f"--max-instances-limit {max_instances_limit}: must be >= 1 instance")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -79,7 +84,7 @@ def read_job(path: Path) -> Job:
         raise InputError(f"{path}: must hold one JSON object with the job's fields, got {type(data).__name__}")
     try:
         job = Job.from_dict(data)
-        job.check_feasible()
+        job.check_feasible(max_instances_limit)
     except (ValueError, TypeError) as exc:  # JobError, and a non-number where a number belongs
         raise InputError(f"{path}: {exc}") from None
     return job
@@ -87,7 +92,7 @@ def read_job(path: Path) -> Job:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     params = dict(parse_param(p) for p in args.param)
-    job = read_job(args.job)
+    job = read_job(args.job, args.max_instances_limit)
     pools = [p.strip() for p in args.pools.split(",")] if args.pools is not None else None
     try:
         market = job_market(load_trace(args.trace), job, pools)
@@ -159,7 +164,7 @@ def cmd_forecast(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a job for real on the local backend, in this process, to its end (see docs/backends.md)."""
-    job = read_job(args.job)
+    job = read_job(args.job, args.max_instances_limit)
     try:
         settings = LocalReplaySettings.from_extra(
             {"workdir": str(args.workdir), "trace": args.trace, "seconds_per_slot": args.seconds_per_slot,
@@ -215,7 +220,8 @@ def _start_run(
     pools = _names([args.pools]) if args.pools else list(env.market.history(datetime.now(timezone.utc)).pools)
     try:
         config = RunConfig(job_id=job_id, job=job, pools=tuple(pools), policy=args.policy, policy_params=params,
-                           forecaster=args.forecaster, seconds_per_slot=env.seconds_per_slot)
+                           forecaster=args.forecaster, seconds_per_slot=env.seconds_per_slot,
+                           max_instances_limit=args.max_instances_limit)
         learnt = None
         if args.policy == "selector":
             learnt = starting_state(_read_text(selector_file), f"file {selector_file}")
@@ -396,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="policy parameter (repeatable); VALUE is read as JSON where it parses, else as a string")
     sim.add_argument("--pools", help="comma-separated pools to schedule over (default: all in the trace)")
     sim.add_argument("--seed", type=int, help="seed for policies that take one (a --param seed=... wins)")
+    sim.add_argument("--max-instances-limit", type=int, default=DEFAULT_MAX_INSTANCES_LIMIT, metavar="N",
+                     help="refuse a job with max_instances above N (default %(default)s)")
     sim.add_argument("--out", type=Path, required=True, help="where to write the simulation-result JSON")
     sim.set_defaults(run=cmd_simulate)
 
@@ -456,6 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", default="selector", help="policy name (default selector)")
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="policy parameter (repeatable)")
     run.add_argument("--forecaster", default="persistence", help="the model whose forecast is logged each slot")
+    run.add_argument("--max-instances-limit", type=int, default=DEFAULT_MAX_INSTANCES_LIMIT, metavar="N",
+                     help="refuse a job with max_instances above N (default %(default)s)")
     run.add_argument("--checkpoint-uri", help="where checkpoints go (default: under --workdir)")
     run.add_argument("--job-id", help="the run's id (default: from the job file's name); the same id re-attaches")
     run.add_argument("--selector-state", type=Path, help="the selector's learnt state (default: WORKDIR/selector.json)")
@@ -474,15 +484,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _WarningLines(logging.Handler):
+    """The library's warnings on stderr, one ``spotsched <command>: warning: ...`` line each."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__(logging.WARNING)
+        self.command = command
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"spotsched {self.command}: warning: {record.getMessage()}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    library = logging.getLogger("airflow_provider_spotsched")
+    warnings = _WarningLines(args.command)
+    library.addHandler(warnings)
     try:
         return args.run(args)
     except InputError as exc:
         print(f"spotsched {args.command}: error: {exc}", file=sys.stderr)
         return BAD_INPUT
+    finally:
+        library.removeHandler(warnings)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,15 @@ CONFIG: dict[str, Any] = {
                 "example": "30",
                 "default": None,
             },
+            "max_instances_limit": {
+                "description": "The most instances one job may ask for (max_instances): a larger job is refused\n"
+                "before anything launches. Raise it where jobs really run on more; the account's own\n"
+                "quota is checked too where the backend can read it (EC2).\n",
+                "version_added": "0.1.0",
+                "type": "integer",
+                "example": "256",
+                "default": "1024",
+            },
             "local_workdir": {
                 "description": "The local backend's work directory (job directories, default checkpoints), when its\n"
                 "spotsched_local connection and the operator's backend_options give no workdir.\n"

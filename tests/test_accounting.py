@@ -163,7 +163,7 @@ def test_an_invalid_field_is_named_in_the_error(field, bad):
 
 
 def test_max_below_min_and_bad_throughput_are_named():
-    with pytest.raises(JobError, match=r"max_instances must be >= min_instances=3"):
+    with pytest.raises(JobError, match=r"max_instances=2: must be >= min_instances=3"):
         make_job(min_instances=3, max_instances=2)
     with pytest.raises(JobError, match="throughput.alpha"):
         make_job(throughput=Throughput(0.0, 1.0))
@@ -196,12 +196,12 @@ def test_job_from_dict_reads_the_spec_json_and_round_trips():
     [
         ({**JOB, "deadline": 6}, r"unknown job field\(s\) \['deadline'\]"),
         ({k: v for k, v in JOB.items() if k != "work"}, r"missing required field\(s\) \['work'\]"),
-        ({**JOB, "throughput": 2.0}, "throughput must be an object"),
-        ({**JOB, "throughput": {"beta": 1.0}}, "throughput must be an object"),
+        ({**JOB, "throughput": 2.0}, "throughput=2.0: not an object"),
+        ({**JOB, "throughput": {"beta": 1.0}}, "throughput=.*: not an object with alpha"),
         ({**JOB, "throughput": {"alpha": 1.0, "gamma": 2}}, r"unknown throughput field\(s\) \['gamma'\]"),
-        ({**JOB, "throughput": {"alpha": -1.0}}, "throughput.alpha must be > 0"),
-        ({**JOB, "throughput": {"alpha": "fast"}}, "throughput.alpha and throughput.beta must be numbers"),
-        ({**JOB, "start": "yesterday"}, "start:"),
+        ({**JOB, "throughput": {"alpha": -1.0}}, r"throughput.alpha=-1: must be > 0"),
+        ({**JOB, "throughput": {"alpha": "fast"}}, "throughput.alpha=.fast.: text, not a number"),
+        ({**JOB, "start": "yesterday"}, "start=.yesterday.: not a UTC ISO-8601 timestamp"),
     ],
 )
 def test_job_from_dict_errors_name_the_problem(data, message):

@@ -203,3 +203,9 @@ class ComputeBackend(ABC):
     @abstractmethod
     def release(self, job: TrainingJob) -> None:
         """End every instance of the job; safe to call again, after a crash, or on a job never launched."""
+
+    def instance_limit(self) -> int | None:
+        """The most instances the account may run on demand at once, where the provider says
+        (``None``: unknown). The spec's feasibility counts on ``max_instances`` on-demand
+        instances, so a job above it is refused before anything launches."""
+        return None

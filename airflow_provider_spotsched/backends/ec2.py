@@ -18,6 +18,11 @@ are launched with ``InstanceMetadataTags=enabled``). ``reconcile`` writes them w
 instance is rank 0 and its private IP the master address. A new generation restarts training on
 every instance from the latest checkpoint.
 
+Quota: :meth:`Ec2Backend.instance_limit` divides the account's Service Quotas vCPU limit for
+running on-demand instances of the type's family (standard, P, G and VT) by the type's vCPUs
+(``describe_instance_types``). ``describe_account_attributes``' ``max-instances`` would be simpler,
+but AWS documents it as no longer supported: it does not reflect the vCPU limits.
+
 Results and preemptions: the instance tags itself ``spotsched:result=done`` (or
 ``failed-<code>``) when the training command ends and shuts down, which terminates it
 (``InstanceInitiatedShutdownBehavior=terminate``). Before terminating an instance itself, the
@@ -30,12 +35,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from airflow_provider_spotsched.backends.base import (
     ON_DEMAND,
@@ -72,6 +78,11 @@ SELF_SHUTDOWN_REASON = "Client.InstanceInitiatedShutdown"
 _GONE = ("shutting-down", "terminated")
 _TOKEN_WINDOW_SECONDS = 600
 _TERMINATE_BATCH = 1000  # terminate_instances takes at most 1000 ids per call
+
+ON_DEMAND_QUOTAS = {"standard": "L-1216C47A", "p": "L-417A185B", "g": "L-DB2E81BA", "vt": "L-DB2E81BA"}
+"""Service Quotas codes of "Running On-Demand <family> instances" (vCPUs), by instance family."""
+STANDARD_FAMILIES = frozenset("acdhimrtz")
+"""Families under the standard quota: "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,8 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
     ``on_demand`` places on-demand instances (EC2 picks a subnet of the default VPC when None).
     ``iam_instance_profile`` (a name or an ARN) gives instances their checkpoint-store access and
     the ``ec2:CreateTags`` right on themselves to report a result; no credential ever goes in the
-    user data.
+    user data. ``quotas_client`` (a boto3 ``service-quotas`` client) lets :meth:`instance_limit`
+    read the account's on-demand quota.
     """
 
     name = "ec2"
@@ -158,6 +170,7 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         master_port: int = 29500,
         poll_seconds: int = 10,
         recorder: LaunchRecorder | None = None,
+        quotas_client: Any | None = None,
     ) -> None:
         for name, value in (("instance_type", instance_type), ("image_id", image_id)):
             if not isinstance(value, str) or not value:
@@ -175,12 +188,31 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         self.security_group_ids = tuple(security_group_ids)
         self.iam_instance_profile = iam_instance_profile
         self.master_port = master_port
+        self.quotas_client = quotas_client
 
     # -- ComputeBackend -------------------------------------------------------------------------
 
     def release(self, job: TrainingJob) -> None:
         instances = [i for i in self._list(job) if i.state not in _GONE]
         self._terminate(instances)
+
+    def instance_limit(self) -> int | None:
+        """The on-demand vCPU quota of the type's family over the type's vCPUs; ``None`` without a
+        quotas client, for a family with no known quota, or when either call is refused."""
+        family = re.sub(r"[^a-z].*", "", self.instance_type)  # p3.2xlarge: p
+        code = ON_DEMAND_QUOTAS.get("standard" if family in STANDARD_FAMILIES else family)
+        if self.quotas_client is None or code is None:
+            return None
+        try:
+            types = self.client.describe_instance_types(InstanceTypes=[self.instance_type])["InstanceTypes"]
+            vcpus = int(types[0]["VCpuInfo"]["DefaultVCpus"])
+            quota = float(self.quotas_client.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+        except (ClientError, BotoCoreError, LookupError) as exc:
+            log.info("the on-demand quota %s for %s is unknown (%s); max_instances is not checked against it",
+                     code, self.instance_type, exc)
+            return None
+        log.info("on-demand quota %s: %g vCPUs, %d instance(s) of %s", code, quota, quota // vcpus, self.instance_type)
+        return int(quota // vcpus)
 
     # -- CloudBackend primitives ----------------------------------------------------------------
 

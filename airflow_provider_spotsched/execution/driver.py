@@ -90,7 +90,8 @@ class RunDriver:
         persist: Persist,
         selector_state: Mapping[str, Any] | None = None,
     ) -> RunDriver:
-        """A new run: the job checked against the market and the budget, nothing launched yet.
+        """A new run: the job checked against the market, the budget and the account's quota,
+        nothing launched yet.
 
         :param command_for: the training command for a checkpoint location.
         :param checkpoint_uri: where the runtime checkpoints (``None``: the backend's default).
@@ -98,6 +99,12 @@ class RunDriver:
         """
         now = datetime.now(timezone.utc)
         run = OnlineRun.start(config, env.market.history(now), now, selector_state)
+        quota = env.backend.instance_limit()
+        if quota is not None and config.job.max_instances > quota:
+            raise JobError(
+                f"max_instances={config.job.max_instances}: more than the {quota} instance(s) the {env.backend.name} "
+                f"account may run on demand; lower max_instances to <= {quota} or raise the account's quota"
+            )
         if checkpoint_uri is None and env.default_checkpoint_uri is not None:
             checkpoint_uri = env.default_checkpoint_uri(config.job_id)
         if not checkpoint_uri:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
 from airflow.providers.google.cloud.hooks.compute import ComputeEngineHook
 from airflow.providers.google.common.consts import CLIENT_INFO
@@ -26,13 +27,15 @@ from airflow_provider_spotsched.backends.gce import GceBackend
 
 
 class Ec2ComputeHook(EC2Hook):
-    """An :class:`Ec2Backend` on the boto3 EC2 client of an ``aws`` connection (its region too)."""
+    """An :class:`Ec2Backend` on the boto3 EC2 client of an ``aws`` connection (its region too),
+    with a Service Quotas client of the same connection to read the account's on-demand quota."""
 
     def __init__(self, aws_conn_id: str | None = "aws_default", **kwargs: Any) -> None:
         super().__init__(api_type="client_type", aws_conn_id=aws_conn_id, **kwargs)
 
     def get_backend(self, **options: Any) -> Ec2Backend:
-        return Ec2Backend(self.conn, **options)
+        quotas = AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type="service-quotas", region_name=self.region_name)
+        return Ec2Backend(self.conn, quotas_client=quotas.conn, **options)
 
 
 class GceComputeHook(ComputeEngineHook):

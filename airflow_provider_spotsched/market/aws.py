@@ -30,7 +30,7 @@ from airflow_provider_spotsched.market.availability import (
     score_to_count,
 )
 from airflow_provider_spotsched.market.source import MarketSource, check_window, signal_ticks, trace_from_ticks
-from airflow_provider_spotsched.market.trace import Trace
+from airflow_provider_spotsched.market.trace import Trace, price_problem
 
 
 def _utc_now() -> datetime:
@@ -72,8 +72,10 @@ class AwsSpotMarketSource(MarketSource):
                 f"availability zone(s) {foreign} are not in the client's region {self.region!r}; "
                 "use one source (and client) per region and combine them with CombinedMarketSource"
             )
-        if not on_demand_price >= 0:
-            raise ValueError(f"on_demand_price {on_demand_price!r} must be >= 0 (USD per instance-hour)")
+        if isinstance(on_demand_price, bool) or not isinstance(on_demand_price, (int, float)):
+            raise ValueError(f"on_demand_price {on_demand_price!r} must be a number (USD per instance-hour)")
+        if problem := price_problem(on_demand_price, on_demand=True):
+            raise ValueError(f"on_demand_price {problem}")
         if placement_target is not None and placement_target < 1:
             raise ValueError(f"placement_target {placement_target!r} must be >= 1 or None (no placement scores)")
         self.instance_type = instance_type

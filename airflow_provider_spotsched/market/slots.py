@@ -3,11 +3,14 @@
 The default (and only reporting) resampling takes, per pool, the state in force at the slot's
 start: the last tick at or before that instant. A tick older than 1.5 typical tick gaps is a hole
 in the data: the pool's availability for that slot is unknown and counts as 0, and its price is
-the last one seen (the first tick's price before the pool's first tick).
+the last one seen (the first tick's price before the pool's first tick). A hole of
+:data:`HOLE_WARNING_HOURS` or more is logged as a warning naming its pools and span, once per
+process: it is counted all the same, but it hides capacity a schedule might have used.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -17,6 +20,12 @@ import numpy as np
 from airflow_provider_spotsched.market.trace import Trace, TraceError, format_timestamp
 
 HOLE_FACTOR = 1.5
+HOLE_WARNING_HOURS = 3.0
+"""Shorter holes are routine gaps in collection (the shipped GCP trace has one of 110 minutes)."""
+
+log = logging.getLogger(__name__)
+_reported: set[tuple[str, float, float]] = set()
+"""Holes already warned about: a run resamples its trace again every slot."""
 
 
 @dataclass(frozen=True)
@@ -65,18 +74,42 @@ class SlotMarket:
         return f"{self.num_pools} pools from {format_timestamp(self.start)}, {self.num_slots} slots of {self.slot_hours:g} h"
 
 
-def select_pools(trace: Trace, pools: Sequence[str] | None = None) -> tuple[str, ...]:
+def pool_names(pools: str | Sequence[str], field: str = "pools") -> tuple[str, ...]:
+    """Pool (or region) names from a list, or from one comma-separated string (what a rendered
+    Airflow template gives); a name given twice is refused, it would count that pool's instances twice."""
+    if isinstance(pools, str):
+        if pools.lstrip().startswith("["):
+            raise ValueError(
+                f"{field}={pools!r}: a list written as text; give the list itself, or the names comma-separated ('a,b')"
+            )
+        names: list[object] = [name.strip() for name in pools.split(",")]
+    elif isinstance(pools, Sequence):
+        names = list(pools)
+    else:
+        raise ValueError(f"{field}={pools!r}: not a list of names; give a list such as ['us-east4-a']")
+    if not names:
+        raise ValueError(f"{field}=[]: empty; name at least one (a zone, an availability zone or a region)")
+    bad = [name for name in names if not isinstance(name, str) or not name.strip()]
+    if bad:
+        raise ValueError(f"{field}={names!r}: {bad[0]!r} is not a name; give names such as 'us-east4-a'")
+    twice = sorted({name for name in names if names.count(name) > 1}, key=str)
+    if twice:
+        raise ValueError(f"{field}={names!r}: names {twice} more than once; name each once")
+    return tuple(str(name) for name in names)
+
+
+def select_pools(trace: Trace, pools: str | Sequence[str] | None = None) -> tuple[str, ...]:
     """The pools to schedule over: all of the trace's by default, else the named ones (checked)."""
     if pools is None:
         return tuple(trace.names)
-    unknown = [p for p in pools if p not in trace.pools]
+    try:
+        names = pool_names(pools)
+    except ValueError as exc:
+        raise TraceError(str(exc)) from None
+    unknown = [p for p in names if p not in trace.pools]
     if unknown:
         raise TraceError(f"unknown pool(s) {unknown} in {trace.source}; known pools are {trace.names}")
-    if len(set(pools)) != len(pools):
-        raise TraceError(f"pools lists a pool twice: {list(pools)}")
-    if not pools:
-        raise TraceError("pools is empty; name at least one pool or leave it unset for all")
-    return tuple(pools)
+    return names
 
 
 def resample(
@@ -115,6 +148,7 @@ def resample(
     prices = np.empty((num_slots, len(names)))
     available = np.zeros((num_slots, len(names)), dtype=np.int64)
     on_demand = []
+    holes: dict[tuple[float, float], tuple[list[str], int]] = {}
     for m, name in enumerate(names):
         series = trace.pools[name]
         idx = np.searchsorted(series.times, instants, side="right") - 1
@@ -124,6 +158,10 @@ def resample(
         fresh = seen & (instants - series.times[safe] <= hole)
         available[:, m] = np.where(fresh, series.available[safe], 0)
         on_demand.append(series.on_demand_price[safe[0]])
+        for span, slots in _holes(trace, series.times, idx[~fresh]).items():
+            pools, most = holes.get(span, ([], 0))
+            holes[span] = (pools + [name], max(most, slots))
+    _warn_holes(trace.source, holes, slot_hours)
     return SlotMarket(
         pools=names,
         start=datetime.fromtimestamp(t0, timezone.utc),
@@ -132,3 +170,32 @@ def resample(
         available=available,
         on_demand_price=float(min(on_demand)),
     )
+
+
+def _holes(trace: Trace, times: np.ndarray, previous: np.ndarray) -> dict[tuple[float, float], int]:
+    """The spans without ticks around the slots whose tick was stale or missing (``previous``:
+    the index of the last tick before each), with how many slots each hides."""
+    spans: dict[tuple[float, float], int] = {}
+    for i in previous.tolist():
+        begin = trace.first_time if i < 0 else float(times[i])
+        end = float(times[i + 1]) if i + 1 < len(times) else trace.last_time
+        spans[(begin, end)] = spans.get((begin, end), 0) + 1
+    return spans
+
+
+def _warn_holes(source: str, holes: dict[tuple[float, float], tuple[list[str], int]], slot_hours: float) -> None:
+    """One warning per long hole (see :data:`HOLE_WARNING_HOURS`), the first time it is met."""
+    for (begin, end), (pools, slots) in sorted(holes.items()):
+        hours = (end - begin) / 3600.0
+        if hours < HOLE_WARNING_HOURS or (source, begin, end) in _reported:
+            continue
+        _reported.add((source, begin, end))
+        log.warning(
+            "%s: pool(s) %s have no ticks from %s to %s (%.3g h, a hole in the data): their availability "
+            "counts as 0 in %d slot(s) of %g h; fill the hole or schedule outside it",
+            source, pools, _stamp(begin), _stamp(end), hours, slots, slot_hours,
+        )
+
+
+def _stamp(epoch: float) -> str:
+    return format_timestamp(datetime.fromtimestamp(epoch, timezone.utc))

@@ -26,7 +26,7 @@ import numpy as np
 
 from airflow_provider_spotsched.market.availability import AvailabilitySignal, available_at
 from airflow_provider_spotsched.market.shipped import cached_trace
-from airflow_provider_spotsched.market.trace import PoolSeries, Trace, TraceError, format_timestamp
+from airflow_provider_spotsched.market.trace import PoolSeries, Trace, TraceError, format_timestamp, price_problem
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,11 @@ class Tick:
             raise TraceError(f"{source}: tick at {_stamp(self.time)}: market must be a non-empty pool name")
         for name in ("spot_price", "on_demand_price"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise TraceError(f"{where}: {name} {value!r} must be a finite price >= 0 (USD per instance-hour)")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TraceError(f"{where}: {name} {value!r} must be a number (USD per instance-hour)")
+            problem = price_problem(value, on_demand=name == "on_demand_price")
+            if problem:
+                raise TraceError(f"{where}: {name} {problem}")
         if isinstance(self.available, bool) or not isinstance(self.available, (int, np.integer)) or self.available < 0:
             raise TraceError(f"{where}: available {self.available!r} must be a whole count >= 0")
 

@@ -2,7 +2,9 @@
 
 Format (spec, "Files that cross the project's edge"): CSV, optionally gzip, header
 ``timestamp,market,spot_price,available,on_demand_price``, UTC ISO-8601 timestamps, one row per
-market per tick. Every bad cell is reported with the file, line and column that hold it.
+market per tick. Every bad cell is reported with the file, line and column that hold it. The
+file is UTF-8 (a byte-order mark, as spreadsheets write, is skipped); gzip is recognised by its
+content, whatever the file is named.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import csv
 import gzip
 import io
 import math
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +23,9 @@ from typing import IO
 import numpy as np
 
 COLUMNS = ("timestamp", "market", "spot_price", "available", "on_demand_price")
+GZIP_MAGIC = b"\x1f\x8b"
+MAX_AVAILABLE = 2**53
+"""Counts are read as numbers; above 2**53 a float no longer holds a whole count exactly."""
 
 
 class TraceError(ValueError):
@@ -77,18 +83,37 @@ class Trace:
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Read and validate a trace file (``.csv`` or ``.csv.gz``)."""
+    """Read and validate a trace file (CSV, gzip or not)."""
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such trace file")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", newline="", encoding="utf-8") as handle:
-        return read_trace(handle, source=str(path))
+    if not path.is_file():
+        raise TraceError(f"{path}: not a file; give the trace CSV (or .csv.gz) itself")
+    try:
+        with path.open("rb") as raw:
+            gzipped = raw.read(2) == GZIP_MAGIC
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the trace file ({exc.strerror})") from None
+    opener = gzip.open if gzipped else open
+    try:
+        with opener(path, "rt", newline="", encoding="utf-8-sig") as handle:
+            return read_trace(handle, source=str(path))
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start}); save the trace as UTF-8 CSV") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: a damaged gzip file ({exc}); give the trace CSV, or all of it gzipped") from None
 
 
 def read_trace(handle: IO[str] | io.StringIO, source: str = "<trace>") -> Trace:
     """Parse trace rows from an open text stream; see :func:`load_trace`."""
     reader = csv.reader(handle)
+    try:
+        return _read_rows(reader, source)
+    except csv.Error as exc:
+        raise TraceError(f"{source}, line {reader.line_num}: not CSV ({exc}); give one trace row per line") from None
+
+
+def _read_rows(reader: Iterator[list[str]], source: str) -> Trace:
     try:
         header = [c.strip() for c in next(reader)]
     except StopIteration:
@@ -119,7 +144,7 @@ def _parse_row(row: list[str], index: dict[str, int], source: str, line: int) ->
     text = row[index["timestamp"]]
     try:
         stamp = parse_timestamp(text).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError):
         raise TraceError(f"{where('timestamp')}: {text!r} is not a UTC ISO-8601 timestamp like 2025-10-04T00:10:00Z") from None
     if not row[index["market"]].strip():
         raise TraceError(f"{where('market')}: empty market name")
@@ -129,17 +154,28 @@ def _parse_row(row: list[str], index: dict[str, int], source: str, line: int) ->
             value = float(row[index[column]])
         except ValueError:
             raise TraceError(f"{where(column)}: {row[index[column]]!r} is not a number") from None
-        if not math.isfinite(value) or value < 0:
-            raise TraceError(f"{where(column)}: {value} must be a finite price >= 0 (USD per instance-hour)")
+        problem = price_problem(value, on_demand=column == "on_demand_price")
+        if problem:
+            raise TraceError(f"{where(column)}: {problem}")
         prices.append(value)
     text = row[index["available"]]
     try:
         available = float(text)
     except ValueError:
         raise TraceError(f"{where('available')}: {text!r} is not a count") from None
-    if not math.isfinite(available) or available < 0 or available != int(available):
-        raise TraceError(f"{where('available')}: {text!r} must be a whole count >= 0")
+    if not (math.isfinite(available) and 0 <= available <= MAX_AVAILABLE and available == int(available)):
+        raise TraceError(f"{where('available')}: {text!r} must be a whole count of instances >= 0")
     return stamp, prices[0], int(available), prices[1]
+
+
+def price_problem(value: float, on_demand: bool) -> str | None:
+    """What is wrong with a price, or None: prices are finite and >= 0, on-demand ones > 0 (a free
+    on-demand instance, a missing price read as 0, would make every policy run on demand for nothing)."""
+    if not math.isfinite(value) or value < 0:
+        return f"{value!r} must be a finite price >= 0 (USD per instance-hour)"
+    if on_demand and value == 0:
+        return f"{value!r} must be > 0: on-demand capacity is never free; give the market's on-demand price in USD per instance-hour"
+    return None
 
 
 def _series(name: str, ticks: Iterable[tuple[float, float, int, float]], source: str) -> PoolSeries:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import shlex
 import sys
@@ -41,6 +40,7 @@ from airflow_provider_spotsched.forecast import FORECASTERS
 from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_environment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.links.report import SpotRunReportLink
+from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.source import MarketSource
 from airflow_provider_spotsched.operators.lineage import (
     AdapterLineageMixin,
@@ -49,8 +49,18 @@ from airflow_provider_spotsched.operators.lineage import (
     emit_adapter_event,
 )
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
-from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
-from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
+from airflow_provider_spotsched.scheduling.model import (
+    DEFAULT_MAX_INSTANCES_LIMIT,
+    Job,
+    JobError,
+    Throughput,
+    as_count,
+    as_number,
+    check_field,
+    check_overhead,
+)
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, check_budget
+from airflow_provider_spotsched.scheduling.policies import POLICIES
 from airflow_provider_spotsched.scheduling.selector_store import starting_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 
@@ -76,6 +86,25 @@ def rendered_number(name: str, value: Any, integer: bool = False) -> Any:
         raise JobError(f"{name}={value!r} is not {kind}; check the template or XCom that gives it") from None
 
 
+def max_instances_limit() -> int:
+    """``[spotsched] max_instances_limit``: the most instances one job of the deployment may ask for."""
+    text = conf.get("spotsched", "max_instances_limit", fallback=str(DEFAULT_MAX_INSTANCES_LIMIT))
+    try:
+        return int(text)
+    except ValueError:
+        raise JobError(
+            f"[spotsched] max_instances_limit={text!r}: not an integer; set it to a number of instances, e.g. 1024"
+        ) from None
+
+
+def _names(value: Sequence[str] | str, field: str) -> tuple[str, ...]:
+    """Names from a list or a comma-separated string (:func:`pool_names`), refused as a JobError."""
+    try:
+        return pool_names(value, field)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+
+
 def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
     """Stable across retries of one task instance, and a valid tag or label on every cloud."""
     digest = hashlib.sha256(f"{dag_id}|{task_id}|{run_id}|{map_index}".encode()).hexdigest()[:12]
@@ -95,7 +124,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     :param deadline: the soft deadline: a duration (``timedelta``, or hours as a number) from the
         task's start, or a timestamp (``datetime`` or ISO-8601 string, UTC).
     :param min_instances: fewest instances the job runs on (when it runs).
-    :param max_instances: most instances the job runs on.
+    :param max_instances: most instances the job runs on; at most ``[spotsched] max_instances_limit``
+        (default 1024) and, where the backend reads it (EC2), the account's on-demand quota.
     :param throughput: ``{"alpha": a, "beta": b}``: ``a * n + b`` samples per hour on n instances
         (the planning model; progress itself is measured).
     :param value: USD that finishing by the deadline is worth.
@@ -104,7 +134,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     The market and the backend:
 
-    :param pools: spot pools (zones / availability zones) the job may use.
+    :param pools: spot pools (zones / availability zones) the job may use, each once: a list, or
+        one comma-separated string (what a template renders to).
     :param instance_type: the instance (EC2) or machine (GCE) type of cloud backends.
     :param regions: if given, every pool must lie in one of these regions.
     :param market_source: the pools' live market (cloud backends): a :class:`MarketSource`, or a
@@ -185,7 +216,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     def __init__(
         self,
         *,
-        pools: Sequence[str],
+        pools: Sequence[str] | str,
         deadline: timedelta | datetime | float | str,
         throughput: Mapping[str, float],
         value: float,
@@ -226,7 +257,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         self.hard_deadline_factor = hard_deadline_factor
         self.reconfig_overhead_hours = reconfig_overhead_hours
         self.instance_type = instance_type
-        self.regions = regions
+        self.regions = None if regions is None else _names(regions, "regions")
         if market_source is not None and not isinstance(market_source, MarketSource):
             MarketSpec.coerce(market_source)  # a wrong kind fails when the DAG is parsed; templates render later
         self.market_source = market_source
@@ -246,12 +277,47 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         )
         self.forecaster = forecaster or default_forecaster()
         if poll_interval is None and (configured := conf.get("spotsched", "default_poll_interval", fallback="")):
-            poll_interval = float(configured)
-        if poll_interval is not None and not (isinstance(poll_interval, (int, float)) and 0 < poll_interval < math.inf):
-            raise ValueError(f"poll_interval must be a number of seconds > 0, got {poll_interval!r}")
+            try:
+                poll_interval = float(configured)
+            except ValueError:
+                raise JobError(
+                    f"[spotsched] default_poll_interval={configured!r}: not a number; set it to seconds, e.g. 30, or empty"
+                ) from None
+        if poll_interval is not None and as_number("poll_interval", poll_interval) <= 0:
+            raise JobError(f"poll_interval={poll_interval!r}: must be > 0 seconds; give the seconds between status polls")
         self.poll_interval = poll_interval
         self.deferrable = deferrable
         self._running: RunDriver | None = None
+        self._check_arguments()
+
+    def _check_arguments(self) -> None:
+        """Refuse, when the DAG is parsed, every argument no template will change: the ones not
+        templated, and templated numbers given as numbers. Text may be a template; it is checked
+        when the task starts, after rendering."""
+        BackendSpec(self.backend, self.compute_conn_id)  # a known backend, with a connection where it needs one
+        if self.policy not in POLICIES:
+            raise JobError(f"policy={self.policy!r}: not a registered policy; choose one of {sorted(POLICIES)}")
+        if self.forecaster not in FORECASTERS or self.forecaster == "oracle":
+            known = sorted(set(FORECASTERS) - {"oracle"})
+            raise JobError(f"forecaster={self.forecaster!r}: not a forecaster of a live market; choose one of {known}")
+        if not isinstance(self.deferrable, bool):
+            raise JobError(f"deferrable={self.deferrable!r}: not a bool; give True (wait in the triggerer) or False")
+        for name in ("slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):
+            check_field(name, getattr(self, name))
+        check_overhead(self.reconfig_overhead_hours, self.slot_hours)
+        throughput = self.throughput if isinstance(self.throughput, Mapping) else {}
+        given = {"work": self.work, "value": self.value, "min_instances": self.min_instances,
+                 "max_instances": self.max_instances, **{f"throughput.{k}": v for k, v in throughput.items()}}
+        for name, value in given.items():
+            if isinstance(value, (int, float)):
+                check_field(name, value)
+        for name in ("steps", "batch_size"):
+            if isinstance(value := getattr(self, name), (int, float)) and as_count(name, value) < 1:
+                raise JobError(f"{name}={value}: must be >= 1; give a whole number")
+        if isinstance(self.budget, (int, float)):
+            check_budget(self.budget)
+        if isinstance(self.deadline, (timedelta, datetime, int, float)):
+            self._deadline_hours(datetime.now(timezone.utc), self.slot_hours * 3600.0)
 
     # -- Airflow entry points ------------------------------------------------------------------
 
@@ -303,12 +369,13 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         config = RunConfig(
             job_id=job_id,
             job=job,
-            pools=tuple(self.pools),
+            pools=self._pools(),
             policy=self.policy,
             policy_params=dict(self.policy_params or {}),
             forecaster=self.forecaster,
             budget=None if self.budget is None else rendered_number("budget", self.budget),
             seconds_per_slot=env.seconds_per_slot,
+            max_instances_limit=max_instances_limit(),
         )
         learnt = None
         if self.policy == "selector":  # raw text: a Variable that is not JSON must not read as a missing one
@@ -327,13 +394,16 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
                 throughput = None
         if not isinstance(throughput, Mapping) or "alpha" not in throughput:
             raise JobError(f'throughput must be {{"alpha": samples/hour per instance, "beta": ...}}, got {self.throughput!r}')
+        alpha, beta = (
+            as_number(f"throughput.{k}", rendered_number(f"throughput.{k}", throughput.get(k, 0.0))) for k in ("alpha", "beta")
+        )
         return Job(
             work=self._work(),
             deadline_hours=self._deadline_hours(now, seconds_per_slot),
             max_instances=rendered_number("max_instances", self.max_instances, integer=True),
             min_instances=rendered_number("min_instances", self.min_instances, integer=True),
-            throughput=Throughput(float(throughput["alpha"]), float(throughput.get("beta", 0.0))),
-            value=float(rendered_number("value", self.value)),
+            throughput=Throughput(alpha, beta),
+            value=as_number("value", rendered_number("value", self.value)),
             hard_deadline_factor=float(self.hard_deadline_factor),
             reconfig_overhead_hours=float(self.reconfig_overhead_hours),
             slot_hours=float(self.slot_hours),
@@ -343,12 +413,12 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         """``work``, or ``steps * batch_size``, or the training config's samples; they must agree."""
         given = []
         if self.work is not None:
-            given.append(("work", float(rendered_number("work", self.work))))
+            given.append(("work", as_number("work", rendered_number("work", self.work))))
         if self.steps is not None or self.batch_size is not None:
             if self.steps is None or self.batch_size is None:
                 raise JobError("steps and batch_size go together: work = steps * batch_size (global batch)")
             steps, batch_size = rendered_number("steps", self.steps), rendered_number("batch_size", self.batch_size)
-            given.append(("steps * batch_size", float(steps) * float(batch_size)))
+            given.append(("steps * batch_size", as_number("steps", steps) * as_number("batch_size", batch_size)))
         if self.training_config is not None:
             from airflow_provider_spotsched.runtime.config import TrainConfig
 
@@ -362,10 +432,11 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     def _deadline_hours(self, now: datetime, seconds_per_slot: float) -> float:
         """Hours on the run's clock; a timestamp counts on the wall clock (sped up on a replay)."""
         deadline = self.deadline
-        if isinstance(deadline, timedelta):
-            return deadline.total_seconds() / 3600.0
-        if isinstance(deadline, (int, float)) and not isinstance(deadline, bool):
-            return float(deadline)
+        if isinstance(deadline, (timedelta, int, float)):
+            hours = deadline.total_seconds() / 3600.0 if isinstance(deadline, timedelta) else as_number("deadline", deadline)
+            if hours <= 0:
+                raise JobError(f"deadline={deadline!r}: must be a duration > 0 from the task's start; give a later deadline")
+            return hours
         if isinstance(deadline, str):
             try:
                 deadline = datetime.fromisoformat(deadline.replace("Z", "+00:00"))
@@ -388,9 +459,13 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             return self.market_source
         return MarketSpec.coerce(self.market_source)
 
+    def _pools(self) -> tuple[str, ...]:
+        """The rendered pools: a list, or a comma-separated string (a template renders to text)."""
+        return _names(self.pools, "pools")
+
     def _check_regions(self) -> None:
         if self.regions:
-            outside = [p for p in self.pools if not any(p.startswith(r) for r in self.regions)]
+            outside = [p for p in self._pools() if not any(p.startswith(r) for r in self.regions)]
             if outside:
                 raise JobError(f"pools {outside} lie outside regions={list(self.regions)}; drop them or add their regions")
 
@@ -411,7 +486,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         if type_option and self.instance_type:
             options.setdefault(type_option, self.instance_type)
         if pools_option:
-            options.setdefault(pools_option, {pool: pool for pool in self.pools})
+            options.setdefault(pools_option, {pool: pool for pool in self._pools()})
         return BackendSpec(self.backend, self.compute_conn_id, options)
 
     # -- the slot loop -------------------------------------------------------------------------

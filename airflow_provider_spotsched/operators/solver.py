@@ -26,12 +26,13 @@ from airflow.sdk import BaseOperator
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
 from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, slot_market_at
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
-from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp
-from airflow_provider_spotsched.operators.fine_tune import job_id_for
+from airflow_provider_spotsched.operators.fine_tune import job_id_for, max_instances_limit
 from airflow_provider_spotsched.operators.forecast import forecast_instant
-from airflow_provider_spotsched.scheduling.model import Job, JobError
+from airflow_provider_spotsched.scheduling.model import Job, JobError, as_number, check_field
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
+from airflow_provider_spotsched.scheduling.policies import POLICIES
 
 RUN_STATE_KEY = "run_state"
 
@@ -46,7 +47,7 @@ class SpotAllocationSolverOperator(BaseOperator):
 
     :param market: the market (a :class:`MarketSpec`, its dict, or a trace name or path).
     :param job: the job (spec's job JSON fields), to start a run.
-    :param pools: the run's pools, to start a run.
+    :param pools: the run's pools, to start a run: a list, or one comma-separated string.
     :param run_state: the run to continue (a dict or its JSON; templated).
     :param forecast: a forecast document for ``at`` (a dict or its JSON; templated).
     :param work_done: work units done so far, as measured (templated; default: the last record's).
@@ -67,7 +68,7 @@ class SpotAllocationSolverOperator(BaseOperator):
         *,
         market: MarketSpec | Mapping[str, Any] | str,
         job: Mapping[str, Any] | None = None,
-        pools: Sequence[str] | None = None,
+        pools: Sequence[str] | str | None = None,
         run_state: Mapping[str, Any] | str | None = None,
         forecast: Mapping[str, Any] | str | None = None,
         work_done: float | str | None = None,
@@ -84,6 +85,11 @@ class SpotAllocationSolverOperator(BaseOperator):
         self.job, self.pools, self.run_state, self.forecast = job, pools, run_state, forecast
         self.work_done, self.at = work_done, at
         self.policy, self.policy_params = policy, policy_params
+        if policy not in POLICIES:  # policy and slot_hours are no templates: refused when the DAG is parsed
+            raise JobError(f"policy={policy!r}: not a registered policy; choose one of {sorted(POLICIES)}")
+        check_field("slot_hours", slot_hours)
+        if as_number("history_hours", history_hours) <= 0:
+            raise JobError(f"history_hours={history_hours!r}: must be > 0; give the hours of market history to read")
         self.slot_hours, self.job_id, self.history_hours = float(slot_hours), job_id, float(history_hours)
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -113,9 +119,10 @@ class SpotAllocationSolverOperator(BaseOperator):
         config = RunConfig(
             job_id=self.job_id or job_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index if ti.map_index is not None else -1),
             job=job,
-            pools=tuple(self.pools),
+            pools=pool_names(self.pools),
             policy=self.policy,
             policy_params=dict(self.policy_params or {}),
+            max_instances_limit=max_instances_limit(),
         )
         history = slot_market_at(self.market, at, job.slot_hours, config.pools, self.history_hours)
         return OnlineRun.start(config, history, at)

@@ -18,6 +18,21 @@ import numpy as np
 # Progress within this many work units of the total counts as done (float round-off only).
 WORK_EPSILON = 1e-9
 
+DEFAULT_MAX_INSTANCES_LIMIT = 1024
+"""The most instances a job may ask for unless its caller raises the limit: a typo such as
+``max_instances=10**12`` is refused instead of planned for (and allocated)."""
+
+MIN_SLOT_HOURS = 1 / 60
+"""One minute: shorter slots cannot change what runs (instances take minutes to start), and a
+week of history would take millions of them."""
+
+MAX_COUNT = 2**53
+"""The largest whole number a float holds exactly."""
+
+MAX_HORIZON_SLOTS = 100_000
+"""The most slots up to a job's hard deadline (11 years of hourly slots): more is a typo in
+``slot_hours`` or ``deadline_hours``, which would make every policy plan over millions of slots."""
+
 
 class JobError(ValueError):
     """A job description is invalid or infeasible; the message names the field and the fix."""
@@ -75,14 +90,24 @@ class Job:
             return 0.0
         return self.value * (gamma * d - completion_hours) / ((gamma - 1.0) * d)
 
-    def check_feasible(self) -> None:
-        """Refuse a job that N_max on-demand instances cannot finish by the soft deadline."""
-        effective = self.deadline_hours - self.reconfig_overhead_hours
-        capacity = max(effective, 0.0) * self.rate(self.max_instances)
+    def check_instances(self, max_instances_limit: int = DEFAULT_MAX_INSTANCES_LIMIT) -> None:
+        """Refuse more instances than the caller allows, before anything is planned or launched."""
+        if self.max_instances > max_instances_limit:
+            raise JobError(
+                f"max_instances={self.max_instances}: more than the limit of {max_instances_limit} instances; "
+                "lower max_instances, or raise max_instances_limit if the job really needs that many"
+            )
+
+    def check_feasible(self, max_instances_limit: int = DEFAULT_MAX_INSTANCES_LIMIT) -> None:
+        """Refuse a job over the instance limit, or one that N_max on-demand instances cannot
+        finish by the soft deadline."""
+        self.check_instances(max_instances_limit)
+        effective = self.deadline_hours - self.reconfig_overhead_hours  # > 0: overhead < slot <= deadline
+        capacity = effective * self.rate(self.max_instances)
         if capacity + WORK_EPSILON < self.work:
             needed_hours = self.work / self.rate(self.max_instances) + self.reconfig_overhead_hours
-            needed_n = math.ceil((self.work / effective - self.throughput.beta) / self.throughput.alpha) if effective > 0 else None
-            more = f" or max_instances >= {needed_n}" if needed_n is not None else ""
+            needed_n = (self.work / effective - self.throughput.beta) / self.throughput.alpha
+            more = f" or max_instances >= {math.ceil(needed_n)}" if math.isfinite(needed_n) else ""
             raise JobError(
                 f"job is infeasible: {self.max_instances} on-demand instances finish only "
                 f"{capacity:.4g} of work={self.work:.4g} units by deadline_hours={self.deadline_hours:g}; "
@@ -109,22 +134,89 @@ class Job:
         fields = dict(data)
         tp = fields["throughput"]
         if not isinstance(tp, Mapping) or "alpha" not in tp:
-            raise JobError('throughput must be an object like {"alpha": 1.0, "beta": 0.0}')
+            raise JobError(f'throughput={shown(tp)}: not an object with alpha; give {{"alpha": 1.0, "beta": 0.0}}')
         extra = sorted(set(tp) - {"alpha", "beta"})
         if extra:
             raise JobError(f"unknown throughput field(s) {extra}; use alpha and beta")
-        try:
-            fields["throughput"] = Throughput(float(tp["alpha"]), float(tp.get("beta", 0.0)))
-        except (TypeError, ValueError):
-            raise JobError(f"throughput.alpha and throughput.beta must be numbers, got {dict(tp)}") from None
+        fields["throughput"] = Throughput(
+            as_number("throughput.alpha", tp["alpha"]), as_number("throughput.beta", tp.get("beta", 0.0))
+        )
         if fields.get("start") is not None:
             from airflow_provider_spotsched.market.trace import parse_timestamp
 
             try:
                 fields["start"] = parse_timestamp(str(fields["start"]))
-            except ValueError as exc:
-                raise JobError(f"start: {exc}") from None
+            except (ValueError, OverflowError):
+                raise JobError(
+                    f"start={shown(fields['start'])}: not a UTC ISO-8601 timestamp; give one like 2025-10-04T00:10:00Z"
+                ) from None
         return cls(**fields)
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut short: an error about junk input stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def as_number(name: str, value: object) -> float:
+    """``value`` as a float, refusing what only looks like a number: a bool, text, NaN, infinity."""
+    if isinstance(value, str):
+        raise JobError(f"{name}={shown(value)}: text, not a number; write the number without quotes")
+    if isinstance(value, bool):
+        raise JobError(f"{name}={shown(value)}: a boolean, not a number; give a number")
+    if not isinstance(value, (int, float)):
+        raise JobError(f"{name}={shown(value)}: not a number; give a finite number")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise JobError(f"{name}={shown(value)}: not a finite number; give a finite number")
+    return number
+
+
+def as_count(name: str, value: object) -> int:
+    """``value`` as an instance count: an integer, never a bool (JSON ``true`` is no count), and
+    one a float holds exactly (the model computes H(n) in floats)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise JobError(f"{name}={shown(value)}: not an integer; give a whole number of instances")
+    if abs(int(value)) > MAX_COUNT:
+        raise JobError(f"{name}={shown(value)}: too large to count instances; give a whole number of instances")
+    return int(value)
+
+
+FIELD_RULES: dict[str, tuple[bool, float, bool, str]] = {
+    "work": (False, 0, False, "give the job's size in work units (e.g. training samples)"),
+    "deadline_hours": (False, 0, False, "give the soft deadline in hours after submission"),
+    "value": (False, 0, True, "give the USD that finishing by the deadline is worth"),
+    "slot_hours": (False, MIN_SLOT_HOURS, True, "a slot lasts a minute or more (instances take minutes to start); give "
+                   "its length in hours, e.g. 1.0"),
+    "hard_deadline_factor": (False, 1, True, "the hard deadline is this multiple of deadline_hours; use 1 for none"),
+    "reconfig_overhead_hours": (False, 0, True, "give the compute hours a reconfiguration loses"),
+    "min_instances": (True, 1, True, "a running job uses at least one instance"),
+    "max_instances": (True, 1, True, "a running job uses at least one instance"),
+    "throughput.alpha": (False, 0, False, "give the work units per hour each instance adds"),
+}
+"""A field's rule on its own: (an integer?, its bound, whether the bound is allowed, the fix).
+The operator checks an argument no template will change with these when the DAG is parsed."""
+
+
+def check_field(name: str, value: object) -> None:
+    """Refuse ``value`` for job field ``name`` (or ``throughput.alpha``/``.beta``) on its own."""
+    integer, bound, inclusive, fix = FIELD_RULES.get(name, (False, -math.inf, True, ""))
+    number = as_count(name, value) if integer else as_number(name, value)
+    if number < bound or (number == bound and not inclusive):
+        raise JobError(f"{name}={number:g}: must be {'>=' if inclusive else '>'} {bound:g}; {fix}")
+
+
+def check_overhead(reconfig_overhead_hours: float, slot_hours: float) -> None:
+    """Refuse an overhead of a slot or more: a reconfiguration slot would make no progress."""
+    if reconfig_overhead_hours >= slot_hours:
+        raise JobError(
+            f"reconfig_overhead_hours={reconfig_overhead_hours:g}: must be < slot_hours={slot_hours:g}; "
+            "a reconfiguration loses less than one slot"
+        )
 
 
 def _validate(job: Job) -> None:
@@ -132,29 +224,36 @@ def _validate(job: Job) -> None:
         if not ok:
             raise JobError(message)
 
-    for name in ("work", "deadline_hours", "value", "slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):
-        v = getattr(job, name)
-        need(isinstance(v, (int, float)) and math.isfinite(v), f"{name} must be a finite number, got {v!r}")
-    for name in ("min_instances", "max_instances"):
-        v = getattr(job, name)
-        need(isinstance(v, (int, np.integer)) and not isinstance(v, bool), f"{name} must be an integer, got {v!r}")
-    need(job.work > 0, f"work must be > 0, got {job.work}")
-    need(job.deadline_hours > 0, f"deadline_hours must be > 0, got {job.deadline_hours}")
-    need(job.slot_hours > 0, f"slot_hours must be > 0, got {job.slot_hours}")
-    need(job.value >= 0, f"value must be >= 0, got {job.value}")
-    need(job.hard_deadline_factor >= 1, f"hard_deadline_factor must be >= 1, got {job.hard_deadline_factor}")
+    fields = {name: getattr(job, name) for name in FIELD_RULES if "." not in name}
+    for name, value in {**fields, "throughput.alpha": job.throughput.alpha, "throughput.beta": job.throughput.beta}.items():
+        check_field(name, value)
+    check_overhead(job.reconfig_overhead_hours, job.slot_hours)
     need(
-        0 <= job.reconfig_overhead_hours < job.slot_hours,
-        f"reconfig_overhead_hours must be in [0, slot_hours={job.slot_hours}), got {job.reconfig_overhead_hours}",
+        job.slot_hours <= job.deadline_hours,
+        f"slot_hours={job.slot_hours:g}: longer than deadline_hours={job.deadline_hours:g}, so the first slot "
+        "ends past the deadline; use slot_hours <= deadline_hours",
     )
-    need(1 <= job.min_instances, f"min_instances must be >= 1, got {job.min_instances}")
+    slots = job.hard_deadline_factor * job.deadline_hours / job.slot_hours
+    need(
+        slots <= MAX_HORIZON_SLOTS,
+        f"deadline_hours={job.deadline_hours:g}: with slot_hours={job.slot_hours:g} the job spans {slots:.3g} slots "
+        f"to its hard deadline, more than {MAX_HORIZON_SLOTS}; use longer slots or a nearer deadline",
+    )
     need(
         job.min_instances <= job.max_instances,
-        f"max_instances must be >= min_instances={job.min_instances}, got {job.max_instances}",
+        f"max_instances={job.max_instances}: must be >= min_instances={job.min_instances}; "
+        "raise max_instances or lower min_instances",
     )
     tp = job.throughput
-    need(tp.alpha > 0, f"throughput.alpha must be > 0, got {tp.alpha}")
-    need(tp(job.min_instances) > 0, f"throughput must be > 0 on min_instances; raise throughput.beta (now {tp.beta})")
+    need(
+        tp(job.min_instances) > 0,
+        f"throughput.beta={tp.beta:g}: H(min_instances={job.min_instances}) is not > 0; raise throughput.beta",
+    )
+    need(
+        math.isfinite(tp(job.max_instances)),
+        f"throughput.alpha={tp.alpha:g}: H(max_instances={job.max_instances}) overflows; give the work units per hour "
+        "each instance adds",
+    )
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_spotsched.forecast import make_forecaster
-from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_timestamp
-from airflow_provider_spotsched.scheduling.model import Allocation, Job, JobError
+from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Allocation, Job, JobError, as_count
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket
@@ -52,11 +52,13 @@ class RunConfig:
     """What a real run is: the job, its pools, the policy, a budget cap and the clock.
 
     :param job_id: stable across retries of the same run (it tags every instance).
+    :param pools: the spot pools, each once (:func:`~airflow_provider_spotsched.market.slots.pool_names`).
     :param policy: a registered policy name; ``"selector"`` learns across runs.
     :param forecaster: the model whose forecast is logged each slot (the policy uses its own).
     :param budget: USD cap on the run's cost, or ``None``.
     :param seconds_per_slot: wall-clock seconds per slot (``slot_hours`` x 3600 for a real
         market; a few seconds when a trace is replayed on an accelerated clock).
+    :param max_instances_limit: the most instances the job may ask for (a deployment's cap).
     """
 
     job_id: str
@@ -67,14 +69,20 @@ class RunConfig:
     forecaster: str = "persistence"
     budget: float | None = None
     seconds_per_slot: float | None = None
+    max_instances_limit: int = DEFAULT_MAX_INSTANCES_LIMIT
 
     def __post_init__(self) -> None:
-        if not self.pools:
-            raise JobError("pools is empty: name at least one spot pool (zone or availability zone)")
-        if self.budget is not None and not (isinstance(self.budget, (int, float)) and self.budget > 0):
-            raise BudgetError(f"budget must be a number of USD > 0 or None, got {self.budget!r}")
+        try:
+            object.__setattr__(self, "pools", pool_names(self.pools))
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
+        if self.budget is not None:
+            check_budget(self.budget)
         if self.seconds_per_slot is not None and not self.seconds_per_slot > 0:
             raise JobError(f"seconds_per_slot must be > 0, got {self.seconds_per_slot!r}")
+        if as_count("max_instances_limit", self.max_instances_limit) < 1:
+            raise JobError(f"max_instances_limit={self.max_instances_limit}: must be >= 1; give the most instances a job may use")
+        self.job.check_instances(self.max_instances_limit)
 
     @property
     def wall_seconds_per_slot(self) -> float:
@@ -93,6 +101,12 @@ class RunConfig:
         fields["job"] = Job.from_dict(fields["job"])
         fields["pools"] = tuple(fields["pools"])
         return cls(**fields)
+
+
+def check_budget(budget: object) -> None:
+    """Refuse a budget that is no number of USD > 0 (``True`` is no budget)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        raise BudgetError(f"budget={budget!r}: not a number of USD > 0; give the run's cost cap, or None for none")
 
 
 def allocation_to_dict(allocation: Allocation, pools: Sequence[str]) -> dict[str, Any]:
@@ -167,11 +181,16 @@ class OnlineRun:
         or ask for the stored selector's own settings.
         """
         job = config.job
-        job.check_feasible()
+        job.check_feasible(config.max_instances_limit)
         if (run_policy := make_policy(config.policy, config.policy_params)).uses_future:
             raise JobError(
                 f"policy={run_policy.label} needs the future market: it is a reference for simulations; "
                 "choose selector, chc, prediction-free, uniform-progress, greedy or on-demand"
+            )
+        if getattr(make_forecaster(config.forecaster), "uses_future", False):
+            raise JobError(
+                f"forecaster={config.forecaster!r}: needs the future market, a reference for simulations; "
+                "choose auto, persistence, seasonal-naive, arima, holt-winters or markov-count"
             )
         missing = [p for p in config.pools if p not in history.pools]
         if missing:

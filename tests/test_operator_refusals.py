@@ -1,0 +1,119 @@
+"""The fine-tune operator refuses bad arguments before anything launches: at DAG parse time where
+the argument is no template, else when the task starts (a template renders only then).
+
+The operator is tests/test_operator.py's, on the local backend over the replayed GCP trace.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_spotsched.backends.local import LocalBackend
+from airflow_provider_spotsched.operators.fine_tune import STATE_KEY
+from airflow_provider_spotsched.operators.solver import SpotAllocationSolverOperator
+from airflow_provider_spotsched.scheduling.model import JobError
+from tests.task_context import TaskContext, TaskStateStore
+from tests.test_operator import operator, start
+
+
+def nothing_launched(tmp_path: Path) -> bool:
+    jobs = tmp_path / "local" / "jobs"
+    return not jobs.exists() or not any(jobs.iterdir())
+
+
+def test_a_pool_named_twice_is_refused_before_anything_launches(tmp_path):
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=r"^pools=\['us-east4-a', 'us-east4-a'\]: names \['us-east4-a'\] more than once"):
+        operator(tmp_path, pools=["us-east4-a", "us-east4-a"]).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+def test_pools_rendered_to_one_string_are_read_comma_separated(tmp_path):
+    """A template renders to text: "us-east4-a,europe-west1-c" is two pools, not 25 characters."""
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, pools="us-east4-a,europe-west1-c")
+    start(op, context)
+    try:
+        assert context["task_state_store"].get(STATE_KEY)["run"]["config"]["pools"] == ["us-east4-a", "europe-west1-c"]
+    finally:
+        op.on_kill()
+
+
+def test_max_instances_over_the_deployments_limit_is_refused_before_anything_launches(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__SPOTSCHED__MAX_INSTANCES_LIMIT", "1")
+    with pytest.raises(JobError, match=r"^max_instances=2: more than the limit of 1 instances"):
+        operator(tmp_path, max_instances=2).execute(TaskContext(TaskStateStore()))
+    monkeypatch.setenv("AIRFLOW__SPOTSCHED__MAX_INSTANCES_LIMIT", "many")
+    with pytest.raises(JobError, match=r"^\[spotsched\] max_instances_limit='many': not an integer"):
+        operator(tmp_path).execute(TaskContext(TaskStateStore()))
+    assert nothing_launched(tmp_path)
+
+
+def test_max_instances_over_the_accounts_quota_is_refused_before_anything_launches(tmp_path, monkeypatch):
+    monkeypatch.setattr(LocalBackend, "instance_limit", lambda self: 1)
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=r"^max_instances=2: more than the 1 instance\(s\) the local account may run"):
+        operator(tmp_path, max_instances=2).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+def test_poll_interval_below_zero_fails_when_the_dag_is_parsed_and_nothing_launches(tmp_path):
+    for bad, shown in ((-1, "-1"), (True, "True"), (float("nan"), "nan")):
+        with pytest.raises(ValueError, match=rf"^poll_interval={shown}: "):
+            operator(tmp_path, poll_interval=bad)
+    assert not (tmp_path / "local").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"backend": "azure"}, r"^backend='azure' is unknown; choose one of \['ec2', 'gce', 'local'\]"),
+        ({"backend": "ec2", "compute_conn_id": None}, r"^backend='ec2' needs compute_conn_id"),
+        ({"policy": "magic"}, r"^policy='magic': not a registered policy; choose one of \['chc', "),
+        ({"forecaster": "oracle"}, r"^forecaster='oracle': not a forecaster of a live market; choose one of \['arima', "),
+        ({"slot_hours": 0}, r"^slot_hours=0: must be >= 0.0166667; a slot lasts a minute or more"),
+        ({"slot_hours": "1"}, r"^slot_hours='1': text, not a number"),
+        ({"hard_deadline_factor": 0.5}, r"^hard_deadline_factor=0.5: must be >= 1; "),
+        ({"reconfig_overhead_hours": -0.1}, r"^reconfig_overhead_hours=-0.1: must be >= 0; "),
+        ({"reconfig_overhead_hours": 1.0}, r"^reconfig_overhead_hours=1: must be < slot_hours=1; "),
+        ({"work": True}, r"^work=True: a boolean, not a number"),
+        ({"work": 0}, r"^work=0: must be > 0; "),
+        ({"value": -1}, r"^value=-1: must be >= 0; "),
+        ({"max_instances": 0}, r"^max_instances=0: must be >= 1; "),
+        ({"min_instances": 1.5}, r"^min_instances=1.5: not an integer"),
+        ({"throughput": {"alpha": float("inf")}}, r"^throughput.alpha=inf: not a finite number"),
+        ({"work": None, "steps": 0, "batch_size": 8}, r"^steps=0: must be >= 1"),
+        ({"budget": 0}, r"^budget=0: not a number of USD > 0"),
+        ({"deadline": -1}, r"^deadline=-1: must be a duration > 0 from the task's start"),
+        ({"deadline": timedelta(0)}, r"^deadline=datetime.timedelta\(0\): must be a duration > 0"),
+        ({"deadline": datetime(2030, 1, 1)}, r"^deadline 2030-01-01T00:00:00 has no time zone"),
+        ({"deadline": datetime(2020, 1, 1, tzinfo=timezone.utc)}, r"has passed; give a later deadline"),
+        ({"regions": ["us-east4", "us-east4"]}, r"^regions=\['us-east4', 'us-east4'\]: names \['us-east4'\] more than once"),
+        ({"deferrable": "yes"}, r"^deferrable='yes': not a bool"),
+    ],
+    ids=lambda value: None if isinstance(value, str) else "-".join(f"{k}={v}" for k, v in value.items()),
+)
+def test_an_argument_no_template_changes_is_refused_when_the_dag_is_parsed(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        operator(tmp_path, **overrides)
+    assert not (tmp_path / "local").exists()
+
+
+def test_templated_arguments_holding_jinja_are_left_for_the_task_to_check(tmp_path):
+    op = operator(tmp_path, work="{{ params.samples }}", value="{{ params.value }}", max_instances="{{ params.n }}",
+                  deadline="{{ params.deadline }}", budget="{{ params.budget }}", pools="{{ params.pools }}",
+                  throughput={"alpha": "{{ params.alpha }}"}, regions="us-east4")
+    assert op.regions == ("us-east4",)  # one string is one region, not eight characters
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [({"policy": "magic"}, r"^policy='magic': not a registered policy"), ({"slot_hours": 0}, r"^slot_hours=0: must be >= 0.0166667"),
+     ({"history_hours": -1}, r"^history_hours=-1: must be > 0")],
+)
+def test_the_solver_operator_refuses_its_untemplated_arguments_when_the_dag_is_parsed(overrides, message):
+    with pytest.raises(JobError, match=message):
+        SpotAllocationSolverOperator(task_id="solve", market="gcp", **overrides)
