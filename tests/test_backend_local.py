@@ -352,7 +352,9 @@ def test_a_finished_job_ends_everything_and_reconcile_launches_nothing_more(make
     h.backend.reconcile(h.job, Allocation((1, 1), 0))
     wait_for("the job to finish", lambda: h.status().finished)
     wait_for("the supervisor to exit", lambda: not h.backend.supervisor_running(h.job))
-    assert {i.state for i in h.status().instances} == {InstanceState.FINISHED}
+    # rank 0 finished; a peer that had not exited yet by then is ended (released), never left running
+    states = [i.state for i in h.status().instances]
+    assert InstanceState.FINISHED in states and set(states) <= {InstanceState.FINISHED, InstanceState.RELEASED}
     assert (h.checkpoint / "final" / "adapter.txt").read_text() == "40 samples\n"
     h.assert_nothing_left()
     status = h.backend.reconcile(h.job, Allocation((1, 1), 0))
