@@ -16,6 +16,10 @@ The rules a caller must not have to know:
 - **durable before acting**: the state is handed to ``persist`` after every decision and before
   the backend acts on it, so a restarted caller re-attaches to the same job (nothing launched
   twice) and bills no slot twice;
+- **one caller at a time**: each step holds the backend's :meth:`~ComputeBackend.turn` for the
+  job and first takes up the stored state (``load``) when another caller stored a newer one, so
+  two callers of one run (two tries of one task at once) take turns on one decision log instead
+  of deciding each slot twice;
 - **what is billed is what runs**: the applied allocation is the target capped by the instances
   the backend reports pending or running (a short pool or a preemption bills less);
 - **completion** is the runtime's own finish time (``progress.json``), clamped to the slot it
@@ -27,6 +31,7 @@ The rules a caller must not have to know:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +62,8 @@ class Finished:
 
 
 Persist = Callable[[dict[str, Any]], None]
+Load = Callable[[], Mapping[str, Any] | None]
+STATE_KEYS = ("run", "job", "known_failures")
 
 
 class RunDriver:
@@ -67,6 +74,8 @@ class RunDriver:
     :param training: what every instance runs.
     :param persist: called with :meth:`to_state` whenever the state must survive a restart.
     :param known_failures: failed instances of earlier tries, which this try does not count.
+    :param load: reads back what ``persist`` stored (``None``: nothing yet); with it, a step
+        goes on from a newer state another caller of the run stored (see the module docstring).
     """
 
     def __init__(
@@ -76,9 +85,12 @@ class RunDriver:
         training: TrainingJob,
         persist: Persist,
         known_failures: int = 0,
+        load: Load | None = None,
     ) -> None:
         self.env, self.run, self.training, self.persist = env, run, training, persist
         self.known_failures = known_failures
+        self.load = load
+        self._stored: str | None = None  # the state this driver last stored or was built from
 
     @classmethod
     def start(
@@ -89,6 +101,7 @@ class RunDriver:
         checkpoint_uri: str | None,
         persist: Persist,
         selector_state: Mapping[str, Any] | None = None,
+        load: Load | None = None,
     ) -> RunDriver:
         """A new run: the job checked against the market and the budget, nothing launched yet.
 
@@ -105,7 +118,7 @@ class RunDriver:
                 f"checkpoint_uri is required with backend={env.backend.name!r}: give an s3:// or gs:// location"
             )
         training = TrainingJob(config.job_id, tuple(command_for(checkpoint_uri)), checkpoint_uri, run.config.pools)
-        return cls(env, run, training, persist)
+        return cls(env, run, training, persist, load=load)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -113,14 +126,37 @@ class RunDriver:
         return {"run": self.run.to_state(), "job": self.training.to_dict(), "known_failures": self.known_failures}
 
     @classmethod
-    def from_state(cls, env: SpotEnvironment, state: Mapping[str, Any], persist: Persist) -> RunDriver:
-        return cls(
+    def from_state(
+        cls, env: SpotEnvironment, state: Mapping[str, Any], persist: Persist, load: Load | None = None
+    ) -> RunDriver:
+        driver = cls(
             env,
             OnlineRun.from_state(state["run"]),
             TrainingJob.from_dict(state["job"]),
             persist,
             int(state.get("known_failures", 0)),
+            load,
         )
+        driver._stored = _fingerprint(state)
+        return driver
+
+    def _save(self) -> None:
+        state = self.to_state()
+        self.persist(state)
+        self._stored = _fingerprint(state)
+
+    def _take_up_stored(self) -> None:
+        """Go on from the stored state when another caller of this run stored a newer one."""
+        stored = self.load() if self.load is not None else None
+        if not stored or _fingerprint(stored) == self._stored:
+            return
+        if stored["job"]["job_id"] != self.training.job_id:
+            raise ValueError(f"the stored run is job {stored['job']['job_id']}, this driver runs {self.training.job_id}")
+        log.info("job %s: another caller moved the run on; going on from its stored state", self.training.job_id)
+        self.run = OnlineRun.from_state(stored["run"])
+        self.training = TrainingJob.from_dict(stored["job"])
+        self.known_failures = int(stored.get("known_failures", 0))
+        self._stored = _fingerprint(stored)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -130,12 +166,14 @@ class RunDriver:
         ``reattach``: a new try of the caller, after a failure (which released the instances) or
         a caller that died (which left them running): the current slot's decision is applied again.
         """
-        try:
-            return self._step(reattach)
-        except Exception:
-            log.error("releasing every instance of %s after a failure (checkpoints stay)", self.training.job_id)
-            self.release()
-            raise
+        with self.env.backend.turn(self.training):
+            try:
+                self._take_up_stored()
+                return self._step(reattach)
+            except Exception:
+                log.error("releasing every instance of %s after a failure (checkpoints stay)", self.training.job_id)
+                self.release()
+                raise
 
     def run_to_completion(
         self, reattach: bool = False, poll_interval: float | None = None, on_step: Callable[[OnlineRun], None] | None = None
@@ -184,7 +222,7 @@ class RunDriver:
             run.observe(*self.env.market.row(run.slot + 1, run.config.pools, now))
             status = self._decide(now, status.preemptions)
         run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
-        self.persist(self.to_state())
+        self._save()
         seconds_per_slot = run.config.wall_seconds_per_slot
         return Wait(
             boundary=run.started + timedelta(seconds=(run.slot + 1) * seconds_per_slot),
@@ -197,7 +235,7 @@ class RunDriver:
         """Decide this slot, record the decision durably, then make the backend run it."""
         record = self.run.decide(read_work_done(self.training.checkpoint_uri), now, preemptions)
         log.info("slot %d: %s (cost so far %.2f USD)", record.slot, record.allocation, record.cost_so_far)
-        self.persist(self.to_state())
+        self._save()
         return self._apply(allocation_from_dict(record.allocation, self.run.config.pools))
 
     def _apply(self, target: Allocation) -> JobStatus:
@@ -212,7 +250,7 @@ class RunDriver:
         start = self.env.clock_start(self.training)
         if start is not None:  # slot k begins when the backend's replay enters its slot k
             run.started = datetime.fromtimestamp(start, timezone.utc)
-        self.persist(self.to_state())
+        self._save()
         return status
 
     def _finish(self, status: JobStatus) -> Finished:
@@ -222,10 +260,15 @@ class RunDriver:
             hours = run.hours_at(read_finished_at(self.training.checkpoint_uri) or datetime.now(timezone.utc))
             run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
             run.complete(min(max(hours, slot_start), slot_start + run.config.job.slot_hours))
-            self.persist(self.to_state())
+            self._save()
         self.release()
         return Finished(run)
 
     def slot_at(self, now: datetime) -> int:
         """The slot in force at ``now`` on the run's clock."""
         return max(int(math.floor(self.run.hours_at(now) / self.run.config.job.slot_hours + SLOT_EPSILON)), 0)
+
+
+def _fingerprint(state: Mapping[str, Any]) -> str:
+    """The driver's part of a stored state, as comparable text."""
+    return json.dumps({key: state.get(key) for key in STATE_KEYS}, sort_keys=True, default=str)

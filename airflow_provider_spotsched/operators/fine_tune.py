@@ -10,7 +10,8 @@ Where state lives:
 
 - the run (market seen, decisions, cost so far) in the task's ``task_state_store`` under
   ``spotsched_run``, written after every decision and before the backend acts on it, so a retry
-  finds it, re-attaches to the same job id (nothing launched twice) and bills no slot twice;
+  finds it, re-attaches to the same job id (nothing launched twice) and bills no slot twice; two
+  tries running at once take turns on it (each step goes on from the newest stored state);
 - the decision log in XCom (key ``decision_log``) after every slot, for the UI and downstream tasks;
 - the selector's learnt state in an Airflow Variable, merged and verified at the end of the run
   (:func:`~airflow_provider_spotsched.scheduling.selector_store.store_round`).
@@ -257,7 +258,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Validate, then start the run, or re-attach to the one a previous try left."""
-        saved = self._store(context).get(STATE_KEY)
+        saved = self._load(context)()
         if saved:
             self.log.info("re-attaching to job %s, left by a previous try", saved["job"]["job_id"])
             return self._resume(context, saved, reattach=True)
@@ -268,7 +269,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     def execute_slot(self, context: Context, event: Mapping[str, Any]) -> dict[str, Any]:
         """Resumed by the trigger: at a boundary, on a preemption or at the job's end."""
-        saved = self._store(context).get(STATE_KEY)
+        saved = self._load(context)()
         if not saved:
             raise AirflowException(f"the run state {STATE_KEY!r} is missing from task_state_store; clear the task to restart")
         self.log.info("woken: %s at %s", event.get("reason"), event.get("time"))
@@ -287,7 +288,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         """
         spec = BackendSpec.from_dict(saved["backend"])
         env = build_environment(spec, self.slot_hours, self._market_source())
-        driver = RunDriver.from_state(env, saved, self._persist(context, spec))
+        driver = RunDriver.from_state(env, saved, self._persist(context, spec), self._load(context))
         return self._drive(context, spec, driver, reattach)
 
     # -- starting ------------------------------------------------------------------------------
@@ -313,7 +314,9 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         learnt = None
         if self.policy == "selector":
             learnt = selector_state(Variable.get(self.selector_state_variable, default=None, deserialize_json=True))
-        driver = RunDriver.start(env, config, self._command, self.checkpoint_uri, self._persist(context, spec), learnt)
+        driver = RunDriver.start(
+            env, config, self._command, self.checkpoint_uri, self._persist(context, spec), learnt, self._load(context)
+        )
         if self.training_config is not None:
             write_config(driver.training.checkpoint_uri, self.training_config)
         return driver
@@ -466,6 +469,11 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         """Where the driver's state goes: the task's state store, with the backend to rebuild."""
         store = self._store(context)
         return lambda state: store.set(STATE_KEY, {**state, "backend": spec.to_dict()})
+
+    def _load(self, context: Context) -> Callable[[], Any]:
+        """What the task's state store holds for the run (``None``: no run yet)."""
+        store = self._store(context)
+        return lambda: store.get(STATE_KEY)
 
     @staticmethod
     def _push_log(context: Context, run: OnlineRun) -> None:

@@ -90,6 +90,9 @@ class KillingBackend:
     def release(self, job: Any) -> None:
         self.inner.release(job)
 
+    def turn(self, job: Any) -> Any:
+        return self.inner.turn(job)
+
 
 def task(spec_file: str) -> int:
     from airflow.sdk.exceptions import TaskDeferred
