@@ -180,8 +180,9 @@ class RunDriver:
     ) -> OnlineRun:
         """Step until the job is done, waiting in this process between steps (no triggerer).
 
-        ``on_step`` sees the run after every step (to publish its decision log). An interrupt
-        (Ctrl-C, a kill that raises) releases every instance before it propagates.
+        ``on_step`` sees the run after every step (to publish its decision log). Any exception
+        while waiting or in ``on_step``, and an interrupt (Ctrl-C, a kill that raises), releases
+        every instance before it propagates, as a failed step does.
         """
         try:
             while True:
@@ -192,7 +193,7 @@ class RunDriver:
                     return step.run
                 wait_for_wake(self.env.backend, self.training, step, poll_interval)
                 reattach = False
-        except KeyboardInterrupt:
+        except (Exception, KeyboardInterrupt):
             self.release()
             raise
 

@@ -16,8 +16,11 @@ Where state lives:
 - the selector's learnt state in an Airflow Variable, merged and verified at the end of the run
   (:func:`~airflow_provider_spotsched.scheduling.selector_store.store_round`).
 
-Any exception in the task, and a kill, releases every instance of the job; checkpoints stay, so a
-retry resumes the training where it stopped.
+Reads and writes of the state store and the decision log's XCom are retried with a short backoff
+(:func:`~airflow_provider_spotsched.execution.retry.retrying`), so that a database down for a few
+seconds costs nothing; a decision log that still cannot be pushed mid-run is pushed with the next
+slot's. Any other exception in the task, and a kill, releases every instance of the job;
+checkpoints stay, so a retry resumes the training where it stopped.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_spotsched.execution.driver import Finished, RunDriver
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
+from airflow_provider_spotsched.execution.retry import retrying
 from airflow_provider_spotsched.execution.wake import Wait
 from airflow_provider_spotsched.forecast import FORECASTERS
 from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_environment
@@ -423,13 +427,14 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         """Step the run; between steps defer to the trigger, or without a triggerer wait here."""
         self._running = driver
         if not self.deferrable:
-            driver.run_to_completion(reattach, self.poll_interval, lambda run: self._push_log(context, run))
-            return self._finish(context, driver)
-        step = driver.step(reattach)
-        self._push_log(context, driver.run)
-        if isinstance(step, Finished):
-            return self._finish(context, driver)
-        self.defer(trigger=self._trigger(spec, driver, step), method_name="execute_slot")
+            driver.run_to_completion(reattach, self.poll_interval, lambda run: self._push_log(context, run, final=False))
+        else:
+            step = driver.step(reattach)
+            if not isinstance(step, Finished):
+                self._push_log(context, driver.run, final=False)
+                self.defer(trigger=self._trigger(spec, driver, step), method_name="execute_slot")
+        self._push_log(context, driver.run, final=True)
+        return self._finish(context, driver)
 
     def _trigger(self, spec: BackendSpec, driver: RunDriver, wait: Wait) -> SpotJobTrigger:
         return SpotJobTrigger(
@@ -468,13 +473,23 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     def _persist(self, context: Context, spec: BackendSpec) -> Callable[[dict[str, Any]], None]:
         """Where the driver's state goes: the task's state store, with the backend to rebuild."""
         store = self._store(context)
-        return lambda state: store.set(STATE_KEY, {**state, "backend": spec.to_dict()})
+
+        def persist(state: dict[str, Any]) -> None:
+            retrying(lambda: store.set(STATE_KEY, {**state, "backend": spec.to_dict()}), "saving the run state")
+
+        return persist
 
     def _load(self, context: Context) -> Callable[[], Any]:
         """What the task's state store holds for the run (``None``: no run yet)."""
         store = self._store(context)
-        return lambda: store.get(STATE_KEY)
+        return lambda: retrying(lambda: store.get(STATE_KEY), "reading the run state")
 
-    @staticmethod
-    def _push_log(context: Context, run: OnlineRun) -> None:
-        context["ti"].xcom_push(key="decision_log", value=run.decision_log())
+    def _push_log(self, context: Context, run: OnlineRun, final: bool) -> None:
+        """The decision log to XCom; mid-run a push that keeps failing waits for the next slot's."""
+        try:
+            retrying(lambda: context["ti"].xcom_push(key="decision_log", value=run.decision_log()),
+                     "pushing the decision log")
+        except Exception as error:
+            if final:
+                raise
+            self.log.warning("decision log not pushed (%s); the next slot pushes it whole", error)
