@@ -22,8 +22,10 @@ The rules a caller must not have to know:
   of deciding each slot twice;
 - **what is billed is what runs**: the applied allocation is the target capped by the instances
   the backend reports pending or running (a short pool or a preemption bills less);
-- **completion** is the runtime's own finish time (``progress.json``), clamped to the slot it
-  was seen in;
+- **completion** is the runtime's own finish time (``progress.json``; else the moment it was
+  seen), clamped to its slot; a job that ended after slots nobody stepped through (a caller or
+  triggerer down meanwhile) has those slots carried: recorded and billed with the allocation
+  that ran on (capped by each slot's capacity), nothing decided or launched for them;
 - **failures**: an instance failed in this try fails the run with its detail; a new try
   (``reattach``) restarts a failed training from its checkpoint;
 - any exception releases every instance of the job (checkpoints stay).
@@ -35,16 +37,18 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_provider_spotsched.backends.base import InstanceState, InsufficientCapacityError, JobStatus, TrainingJob
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.wake import Wait, wait_for_wake
+from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.runtime.contract import read_finished_at, read_work_done
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError
-from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict, allocation_to_dict
+from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 
 SLOT_EPSILON = 1e-6
 log = logging.getLogger(__name__)
@@ -257,13 +261,38 @@ class RunDriver:
     def _finish(self, status: JobStatus) -> Finished:
         run = self.run
         if run.completion_hours is None:
+            finished_at = read_finished_at(self.training.checkpoint_uri) or datetime.now(timezone.utc)
+            self._carry_to(min(self.slot_at(finished_at), self.slot_at(datetime.now(timezone.utc))), finished_at)
             slot_start = run.slot * run.config.job.slot_hours
-            hours = run.hours_at(read_finished_at(self.training.checkpoint_uri) or datetime.now(timezone.utc))
+            hours = run.hours_at(finished_at)
             run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
             run.complete(min(max(hours, slot_start), slot_start + run.config.job.slot_hours))
             self._save()
         self.release()
         return Finished(run)
+
+    def _carry_to(self, slot: int, now: datetime) -> None:
+        """Record and bill the slots up to ``slot`` that the job ran through unwatched (module docstring)."""
+        run = self.run
+        job, pools, price = run.config.job, run.config.pools, run.market.on_demand_price
+        while run.records and run.slot < slot:
+            previous = run.records[-1]
+            in_force = next((r.applied for r in reversed(run.records) if r.applied is not None), {})
+            carried = allocation_from_dict(in_force, pools)
+            prices, available = self.env.market.row(run.slot + 1, pools, now)
+            run.observe(prices.tolist(), available.tolist())
+            ran = allocation_to_dict(
+                Allocation(tuple(min(n, int(a)) for n, a in zip(carried.spot, available)), carried.on_demand), pools
+            )
+            run.records.append(replace(
+                previous, slot=run.slot, time=format_timestamp(now), market_time=format_timestamp(run.market_now),
+                market={p: {"spot_price": float(run.market.spot_price[-1, m]), "available": int(available[m])}
+                        for m, p in enumerate(pools)},
+                forecast=None, plan=None, allocation=ran, applied=ran,
+                work_done=read_work_done(self.training.checkpoint_uri), cost_so_far=run.cost,
+                on_demand_cost_so_far=min(on_demand_cost(job, price), run.slot * job.slot_hours * job.max_instances * price),
+            ))
+            log.info("slot %d: the job ended before anyone stepped; %s ran on", run.slot, ran)
 
     def slot_at(self, now: datetime) -> int:
         """The slot in force at ``now`` on the run's clock."""

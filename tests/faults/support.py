@@ -13,7 +13,9 @@ checkpoint, never from the code under test's own account:
 - **lost checkpoints**: the checkpointed ``samples_done`` going backwards, as sampled by
   :class:`ProgressWatch` for the whole run (``progress.json`` for the fake worker, whose
   progress file is its checkpoint; the newest valid checkpoint for the real runtime);
-- **deadlines**: the job, feasible on N_max on-demand instances, completing by its deadline.
+- **deadlines**: the job, feasible on N_max on-demand instances, completing by its deadline; the
+  completion the run reports must not come before the job's observed end (rank 0's exit 0 in
+  ``events.jsonl``, on the replay's clock), or a late look could pass a miss for a hit.
 
 The figures of a run are handed to the session's :class:`Ledger` (tests/faults/conftest.py),
 which prints them at the end and writes them as JSON for docs/reliability.md.
@@ -218,6 +220,15 @@ class Audit:
     def launches(self) -> int:
         return sum(1 for e in self.events() if e["event"] == "launched")
 
+    def observed_completion_hours(self) -> float | None:
+        """When rank 0 exited 0 (as its supervisor saw it), in hours of the run's clock."""
+        exits = [e["time"] for e in self.events() if e["event"] == "exited" and e.get("exit_code") == 0
+                 and e.get("rank") == 0]
+        if not exits:
+            return None
+        clock = json.loads((self.jobdir / "clock.json").read_text())
+        return (min(exits) - clock["start"]) / clock["seconds_per_slot"] * clock["slot_hours"]
+
     def figures(self, scenario: str, run: str, watch: ProgressWatch | None, result: Mapping[str, Any] | None,
                 **notes: Any) -> Figures:
         return Figures(
@@ -227,7 +238,9 @@ class Audit:
             double_launches=self.double_launches(),
             lost_checkpoints=watch.lost if watch is not None else 0,
             deadline_met=None if result is None else bool(result["deadline_met"]),
-            notes={"launches": self.launches(), "instances": len(self.instance_ids()), **notes},
+            notes={"launches": self.launches(), "instances": len(self.instance_ids()),
+                   "completion_hours": None if result is None else result["completion_hours"],
+                   "observed_completion_hours": self.observed_completion_hours(), **notes},
         )
 
 
@@ -251,6 +264,9 @@ def check_figures(figures: Figures) -> None:
     assert figures.lost_checkpoints == 0, f"checkpointed work went backwards: {figures}"
     if figures.deadline_feasible and figures.deadline_met is not None:
         assert figures.deadline_met, f"missed a deadline N_max on-demand could have met: {figures}"
+    reported, observed = figures.notes.get("completion_hours"), figures.notes.get("observed_completion_hours")
+    if reported is not None and observed is not None:
+        assert reported >= observed - 1e-3, f"the run reports its end before the job ended: {figures}"
 
 
 # -- the fake worker's job -------------------------------------------------------------------------
