@@ -81,12 +81,12 @@ def kill_and_restart_the_triggerer(ledger, tmp_path: Path, seconds_per_slot: flo
         while isinstance(step, TaskDeferred):
             step = deferred(op.execute_slot, context, first_payload(rebuilt(step.trigger)))
     result = step
-    log_ = context["ti"].xcoms["decision_log"]
+    decisions = context["ti"].xcoms["decision_log"]
     figures = ledger.add(audit.figures("2 triggerer killed", run, watch, result, reason=event["reason"]))
     check_figures(figures)
     assert audit.instance_ids() == launched, "a calm market: the instances of slot 0 ran the whole job"
-    assert [r["slot"] for r in log_] == list(range(len(log_)))
-    assert result["cost"] == pytest.approx(billed(log_, result))
+    assert [r["slot"] for r in decisions] == list(range(len(decisions)))
+    assert result["cost"] == pytest.approx(billed(decisions, result))
 
 
 def test_a_killed_triggerer_rebuilt_from_its_serialised_form_still_wakes_the_task(ledger, tmp_path):

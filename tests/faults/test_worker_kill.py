@@ -18,6 +18,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_spotsched.operators.fine_tune import STATE_KEY, DeadlineSpotFineTuneOperator
+from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 from tests.faults.child import KILL
 from tests.faults.markets import write_trace
 from tests.faults.support import (
@@ -68,8 +69,7 @@ def kill_mid_decision(ledger, tmp_path: Path, where: str, at: int, policy: str =
 
         op = DeadlineSpotFineTuneOperator(**retry)
         context = TaskContext(store, try_number=2)
-        trigger = rebuilt(type("Deferred", (), {"serialize": lambda self: (
-            "airflow_provider_spotsched.triggers.spot_job.SpotJobTrigger", deferral["deferred"])})())
+        trigger = SpotJobTrigger(**deferral["deferred"])  # as the triggerer rebuilds it from the stored kwargs
         while True:
             try:
                 result = op.execute_slot(context, first_payload(trigger))
