@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 EXTRAS := amazon,google,openlineage,train,dev
 
-.PHONY: install demo demo-evaluate ui test lint evaluate forecast-backtest bench constraints clean
+.PHONY: install demo demo-evaluate ui test lint chaos evaluate forecast-backtest bench constraints clean
 
 install: $(INSTALLED)
 
@@ -49,6 +49,13 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+
+# The fault suite in full (docs/reliability.md): every fault at length, every policy, several
+# seeds (SPOTSCHED_CHAOS_RUNS, default 3); make test runs its smallest cases. One process (-n 0):
+# the scenarios time real processes. The figures are printed and written to CHAOS_REPORT.
+CHAOS_REPORT ?= results/chaos/figures.json
+chaos: $(INSTALLED)
+	SPOTSCHED_CHAOS=1 SPOTSCHED_FAULTS_REPORT=$(CHAOS_REPORT) $(BIN)/python -m pytest -m chaos -n 0 tests/faults
 
 # The full evaluation whose table and plots live in docs/evaluation/.
 evaluate: $(INSTALLED)

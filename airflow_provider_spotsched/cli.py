@@ -12,6 +12,7 @@ import argparse
 import inspect
 import json
 import logging
+import os
 import re
 import shlex
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_spotsched.backends.local_settings import DEFAULT_SECONDS_PER_SLOT, LocalReplaySettings
-from airflow_provider_spotsched.execution.driver import Persist, RunDriver
+from airflow_provider_spotsched.execution.driver import Load, Persist, RunDriver
 from airflow_provider_spotsched.execution.environment import SpotEnvironment, local_environment
 from airflow_provider_spotsched.forecast import FORECASTERS, Forecaster, make_forecaster
 from airflow_provider_spotsched.forecast.backtest import BacktestError, run_backtest
@@ -181,12 +182,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     def persist(state: dict[str, Any]) -> None:
         _write_json(state_file, state, "run state")
 
+    def load() -> Any:  # another `spotsched run` of the job may have moved the run on (RunDriver.step)
+        return _read_json(state_file)
+
     if state_file.exists():
         print(f"re-attaching to job {job_id} ({state_file})")
-        driver = RunDriver.from_state(env, json.loads(state_file.read_text(encoding="utf-8")), persist)
+        driver = RunDriver.from_state(env, json.loads(state_file.read_text(encoding="utf-8")), persist, load)
         reattach = True
     else:
-        driver = _start_run(args, job, job_id, env, persist, selector_file)
+        driver = _start_run(args, job, job_id, env, persist, selector_file, load)
         reattach = False
     shown = len(driver.run.records)
 
@@ -213,7 +217,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _start_run(
-    args: argparse.Namespace, job: Job, job_id: str, env: SpotEnvironment, persist: Persist, selector_file: Path
+    args: argparse.Namespace, job: Job, job_id: str, env: SpotEnvironment, persist: Persist, selector_file: Path,
+    load: Load,
 ) -> RunDriver:
     """Every check before anything launches; the training command follows the runtime's contract."""
     params = dict(parse_param(p) for p in args.param)
@@ -229,12 +234,12 @@ def _start_run(
                 print(f"selector: {selector_file} does not exist yet; starting a fresh selector")
         if args.training_command:
             command = shlex.split(args.training_command)
-            driver = RunDriver.start(env, config, lambda uri: command, args.checkpoint_uri, persist, learnt)
+            driver = RunDriver.start(env, config, lambda uri: command, args.checkpoint_uri, persist, learnt, load)
         else:
             training_config = _read_json(args.training_config)
             if training_config is None:
                 raise InputError(f"--training-config {args.training_config}: no such file")
-            driver = RunDriver.start(env, config, runtime_command, args.checkpoint_uri, persist, learnt)
+            driver = RunDriver.start(env, config, runtime_command, args.checkpoint_uri, persist, learnt, load)
             write_config(driver.training.checkpoint_uri, training_config)
     except (ValueError, TraceError, SelectorStoreError) as exc:  # JobError, BudgetError, a bad pool, policy or state
         raise InputError(str(exc)) from None
@@ -383,10 +388,14 @@ def _clock(seconds: float) -> str:
 
 
 def _write_json(path: Path, data: Any, what: str = "--out") -> None:
+    """Replace ``path`` in one step: a run killed mid-write leaves the previous state, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise InputError(f"{what} {path}: cannot write ({exc.strerror})") from None
 
 

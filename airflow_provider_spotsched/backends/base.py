@@ -9,10 +9,11 @@ instead of launching twice, and ``release`` can find everything the job ever sta
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -183,6 +184,8 @@ class ComputeBackend(ABC):
     All three calls are idempotent: ``reconcile`` with the allocation already in place launches
     and ends nothing; ``release`` of a released job does nothing. None of them ever leaves an
     instance running that no later call can find (the job id is on every instance).
+
+    :meth:`turn` lets the callers of one job take turns (two tries of one task running at once).
     """
 
     name: str = "backend"
@@ -209,3 +212,14 @@ class ComputeBackend(ABC):
         (``None``: unknown). The spec's feasibility counts on ``max_instances`` on-demand
         instances, so a job above it is refused before anything launches."""
         return None
+
+    @contextlib.contextmanager
+    def turn(self, job: TrainingJob) -> Iterator[None]:
+        """Hold the job's turn: while one caller (a process driving the job) holds it, others wait.
+
+        The run driver holds it for each step (read the stored run, decide, persist, reconcile),
+        so that two callers of one job never decide the same slot twice. A backend that can
+        lock across the callers' machines overrides it; the default excludes nobody (the cloud
+        backends: their callers may run anywhere).
+        """
+        yield

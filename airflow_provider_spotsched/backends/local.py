@@ -14,11 +14,13 @@ on the same workdir re-attaches to what runs, a dead supervisor is replaced by t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -160,6 +162,12 @@ class LocalBackend(ComputeBackend):
             if state.supervisor:
                 state.supervisor["exited"] = True
             jobdir.save(state)
+
+    @contextlib.contextmanager
+    def turn(self, job: TrainingJob) -> Iterator[None]:
+        """An ``flock`` on ``<job dir>/turn.lock``: callers on this machine take turns (the supervisor never takes it)."""
+        with self.jobdir(job).lock(self.jobdir(job).turn_file):
+            yield
 
     # -- helpers -----------------------------------------------------------------------------
 

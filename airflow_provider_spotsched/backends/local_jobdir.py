@@ -4,7 +4,8 @@ The caller of :class:`~airflow_provider_spotsched.backends.local.LocalBackend` d
 slots, so no Python object survives from one call to the next. Everything the backend and its
 supervisor process know about a job lives in ``<workdir>/<job_id>/``: ``job.json`` and
 ``clock.json`` (written once), ``state.json`` (the instances, rewritten atomically), ``lock``
-(``fcntl.flock`` around every read-modify-write), ``events.jsonl`` (what the supervisor did to
+(``fcntl.flock`` around every read-modify-write), ``turn.lock`` (held by a caller for one step
+of its run, see :meth:`~airflow_provider_spotsched.backends.base.ComputeBackend.turn`), ``events.jsonl`` (what the supervisor did to
 each worker, when), the workers' logs and their notice files.
 """
 
@@ -112,6 +113,7 @@ class JobDir:
         self.clock_file = self.path / "clock.json"
         self.state_file = self.path / "state.json"
         self.lock_file = self.path / "lock"
+        self.turn_file = self.path / "turn.lock"
         self.logs = self.path / "logs"
         self.notices = self.path / "notices"
         self.supervisor_log = self.path / "supervisor.log"
@@ -126,10 +128,10 @@ class JobDir:
             folder.mkdir(parents=True, exist_ok=True)
 
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Exclusive access for one read-modify-write, across processes."""
+    def lock(self, path: Path | None = None) -> Iterator[None]:
+        """Exclusive access for one read-modify-write, across processes (``path``: another lock file of the job)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_file, "a") as handle:
+        with open(path or self.lock_file, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield

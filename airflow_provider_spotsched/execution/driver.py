@@ -16,10 +16,16 @@ The rules a caller must not have to know:
 - **durable before acting**: the state is handed to ``persist`` after every decision and before
   the backend acts on it, so a restarted caller re-attaches to the same job (nothing launched
   twice) and bills no slot twice;
+- **one caller at a time**: each step holds the backend's :meth:`~ComputeBackend.turn` for the
+  job and first takes up the stored state (``load``) when another caller stored a newer one, so
+  two callers of one run (two tries of one task at once) take turns on one decision log instead
+  of deciding each slot twice;
 - **what is billed is what runs**: the applied allocation is the target capped by the instances
   the backend reports pending or running (a short pool or a preemption bills less);
-- **completion** is the runtime's own finish time (``progress.json``), clamped to the slot it
-  was seen in;
+- **completion** is the runtime's own finish time (``progress.json``; else the moment it was
+  seen), clamped to its slot; a job that ended after slots nobody stepped through (a caller or
+  triggerer down meanwhile) has those slots carried: recorded and billed with the allocation
+  that ran on (capped by each slot's capacity), nothing decided or launched for them;
 - **failures**: an instance failed in this try fails the run with its detail; a new try
   (``reattach``) restarts a failed training from its checkpoint;
 - any exception releases every instance of the job (checkpoints stay).
@@ -27,19 +33,22 @@ The rules a caller must not have to know:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_provider_spotsched.backends.base import InstanceState, InsufficientCapacityError, JobStatus, TrainingJob
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.wake import Wait, wait_for_wake
+from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.runtime.contract import read_finished_at, read_work_done
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError
-from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict, allocation_to_dict
+from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 
 SLOT_EPSILON = 1e-6
 log = logging.getLogger(__name__)
@@ -57,6 +66,8 @@ class Finished:
 
 
 Persist = Callable[[dict[str, Any]], None]
+Load = Callable[[], Mapping[str, Any] | None]
+STATE_KEYS = ("run", "job", "known_failures")
 
 
 class RunDriver:
@@ -67,6 +78,8 @@ class RunDriver:
     :param training: what every instance runs.
     :param persist: called with :meth:`to_state` whenever the state must survive a restart.
     :param known_failures: failed instances of earlier tries, which this try does not count.
+    :param load: reads back what ``persist`` stored (``None``: nothing yet); with it, a step
+        goes on from a newer state another caller of the run stored (see the module docstring).
     """
 
     def __init__(
@@ -76,9 +89,12 @@ class RunDriver:
         training: TrainingJob,
         persist: Persist,
         known_failures: int = 0,
+        load: Load | None = None,
     ) -> None:
         self.env, self.run, self.training, self.persist = env, run, training, persist
         self.known_failures = known_failures
+        self.load = load
+        self._stored: str | None = None  # the state this driver last stored or was built from
 
     @classmethod
     def start(
@@ -89,6 +105,7 @@ class RunDriver:
         checkpoint_uri: str | None,
         persist: Persist,
         selector_state: Mapping[str, Any] | None = None,
+        load: Load | None = None,
     ) -> RunDriver:
         """A new run: the job checked against the market, the budget and the account's quota,
         nothing launched yet.
@@ -112,7 +129,7 @@ class RunDriver:
                 f"checkpoint_uri is required with backend={env.backend.name!r}: give an s3:// or gs:// location"
             )
         training = TrainingJob(config.job_id, tuple(command_for(checkpoint_uri)), checkpoint_uri, run.config.pools)
-        return cls(env, run, training, persist)
+        return cls(env, run, training, persist, load=load)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -120,14 +137,37 @@ class RunDriver:
         return {"run": self.run.to_state(), "job": self.training.to_dict(), "known_failures": self.known_failures}
 
     @classmethod
-    def from_state(cls, env: SpotEnvironment, state: Mapping[str, Any], persist: Persist) -> RunDriver:
-        return cls(
+    def from_state(
+        cls, env: SpotEnvironment, state: Mapping[str, Any], persist: Persist, load: Load | None = None
+    ) -> RunDriver:
+        driver = cls(
             env,
             OnlineRun.from_state(state["run"]),
             TrainingJob.from_dict(state["job"]),
             persist,
             int(state.get("known_failures", 0)),
+            load,
         )
+        driver._stored = _fingerprint(state)
+        return driver
+
+    def _save(self) -> None:
+        state = self.to_state()
+        self.persist(state)
+        self._stored = _fingerprint(state)
+
+    def _take_up_stored(self) -> None:
+        """Go on from the stored state when another caller of this run stored a newer one."""
+        stored = self.load() if self.load is not None else None
+        if not stored or _fingerprint(stored) == self._stored:
+            return
+        if stored["job"]["job_id"] != self.training.job_id:
+            raise ValueError(f"the stored run is job {stored['job']['job_id']}, this driver runs {self.training.job_id}")
+        log.info("job %s: another caller moved the run on; going on from its stored state", self.training.job_id)
+        self.run = OnlineRun.from_state(stored["run"])
+        self.training = TrainingJob.from_dict(stored["job"])
+        self.known_failures = int(stored.get("known_failures", 0))
+        self._stored = _fingerprint(stored)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -137,20 +177,23 @@ class RunDriver:
         ``reattach``: a new try of the caller, after a failure (which released the instances) or
         a caller that died (which left them running): the current slot's decision is applied again.
         """
-        try:
-            return self._step(reattach)
-        except Exception:
-            log.error("releasing every instance of %s after a failure (checkpoints stay)", self.training.job_id)
-            self.release()
-            raise
+        with self.env.backend.turn(self.training):
+            try:
+                self._take_up_stored()
+                return self._step(reattach)
+            except Exception:
+                log.error("releasing every instance of %s after a failure (checkpoints stay)", self.training.job_id)
+                self.release()
+                raise
 
     def run_to_completion(
         self, reattach: bool = False, poll_interval: float | None = None, on_step: Callable[[OnlineRun], None] | None = None
     ) -> OnlineRun:
         """Step until the job is done, waiting in this process between steps (no triggerer).
 
-        ``on_step`` sees the run after every step (to publish its decision log). An interrupt
-        (Ctrl-C, a kill that raises) releases every instance before it propagates.
+        ``on_step`` sees the run after every step (to publish its decision log). Any exception
+        while waiting or in ``on_step``, and an interrupt (Ctrl-C, a kill that raises), releases
+        every instance before it propagates, as a failed step does.
         """
         try:
             while True:
@@ -161,7 +204,7 @@ class RunDriver:
                     return step.run
                 wait_for_wake(self.env.backend, self.training, step, poll_interval)
                 reattach = False
-        except KeyboardInterrupt:
+        except (Exception, KeyboardInterrupt):
             self.release()
             raise
 
@@ -191,7 +234,7 @@ class RunDriver:
             run.observe(*self.env.market.row(run.slot + 1, run.config.pools, now))
             status = self._decide(now, status.preemptions)
         run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
-        self.persist(self.to_state())
+        self._save()
         seconds_per_slot = run.config.wall_seconds_per_slot
         return Wait(
             boundary=run.started + timedelta(seconds=(run.slot + 1) * seconds_per_slot),
@@ -204,7 +247,7 @@ class RunDriver:
         """Decide this slot, record the decision durably, then make the backend run it."""
         record = self.run.decide(read_work_done(self.training.checkpoint_uri), now, preemptions)
         log.info("slot %d: %s (cost so far %.2f USD)", record.slot, record.allocation, record.cost_so_far)
-        self.persist(self.to_state())
+        self._save()
         return self._apply(allocation_from_dict(record.allocation, self.run.config.pools))
 
     def _apply(self, target: Allocation) -> JobStatus:
@@ -219,20 +262,50 @@ class RunDriver:
         start = self.env.clock_start(self.training)
         if start is not None:  # slot k begins when the backend's replay enters its slot k
             run.started = datetime.fromtimestamp(start, timezone.utc)
-        self.persist(self.to_state())
+        self._save()
         return status
 
     def _finish(self, status: JobStatus) -> Finished:
         run = self.run
         if run.completion_hours is None:
+            finished_at = read_finished_at(self.training.checkpoint_uri) or datetime.now(timezone.utc)
+            self._carry_to(min(self.slot_at(finished_at), self.slot_at(datetime.now(timezone.utc))), finished_at)
             slot_start = run.slot * run.config.job.slot_hours
-            hours = run.hours_at(read_finished_at(self.training.checkpoint_uri) or datetime.now(timezone.utc))
+            hours = run.hours_at(finished_at)
             run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
             run.complete(min(max(hours, slot_start), slot_start + run.config.job.slot_hours))
-            self.persist(self.to_state())
+            self._save()
         self.release()
         return Finished(run)
+
+    def _carry_to(self, slot: int, now: datetime) -> None:
+        """Record and bill the slots up to ``slot`` that the job ran through unwatched (module docstring)."""
+        run = self.run
+        job, pools, price = run.config.job, run.config.pools, run.market.on_demand_price
+        while run.records and run.slot < slot:
+            previous = run.records[-1]
+            in_force = next((r.applied for r in reversed(run.records) if r.applied is not None), {})
+            carried = allocation_from_dict(in_force, pools)
+            prices, available = self.env.market.row(run.slot + 1, pools, now)
+            run.observe(prices.tolist(), available.tolist())
+            ran = allocation_to_dict(
+                Allocation(tuple(min(n, int(a)) for n, a in zip(carried.spot, available)), carried.on_demand), pools
+            )
+            run.records.append(replace(
+                previous, slot=run.slot, time=format_timestamp(now), market_time=format_timestamp(run.market_now),
+                market={p: {"spot_price": float(run.market.spot_price[-1, m]), "available": int(available[m])}
+                        for m, p in enumerate(pools)},
+                forecast=None, plan=None, allocation=ran, applied=ran,
+                work_done=read_work_done(self.training.checkpoint_uri), cost_so_far=run.cost,
+                on_demand_cost_so_far=min(on_demand_cost(job, price), run.slot * job.slot_hours * job.max_instances * price),
+            ))
+            log.info("slot %d: the job ended before anyone stepped; %s ran on", run.slot, ran)
 
     def slot_at(self, now: datetime) -> int:
         """The slot in force at ``now`` on the run's clock."""
         return max(int(math.floor(self.run.hours_at(now) / self.run.config.job.slot_hours + SLOT_EPSILON)), 0)
+
+
+def _fingerprint(state: Mapping[str, Any]) -> str:
+    """The driver's part of a stored state, as comparable text."""
+    return json.dumps({key: state.get(key) for key in STATE_KEYS}, sort_keys=True, default=str)

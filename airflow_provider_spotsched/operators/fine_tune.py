@@ -10,13 +10,17 @@ Where state lives:
 
 - the run (market seen, decisions, cost so far) in the task's ``task_state_store`` under
   ``spotsched_run``, written after every decision and before the backend acts on it, so a retry
-  finds it, re-attaches to the same job id (nothing launched twice) and bills no slot twice;
+  finds it, re-attaches to the same job id (nothing launched twice) and bills no slot twice; two
+  tries running at once take turns on it (each step goes on from the newest stored state);
 - the decision log in XCom (key ``decision_log``) after every slot, for the UI and downstream tasks;
 - the selector's learnt state in an Airflow Variable, merged and verified at the end of the run
   (:func:`~airflow_provider_spotsched.scheduling.selector_store.store_round`).
 
-Any exception in the task, and a kill, releases every instance of the job; checkpoints stay, so a
-retry resumes the training where it stopped.
+Reads and writes of the state store and the decision log's XCom are retried with a short backoff
+(:func:`~airflow_provider_spotsched.execution.retry.retrying`), so that a database down for a few
+seconds costs nothing; a decision log that still cannot be pushed mid-run is pushed with the next
+slot's. Any other exception in the task, and a kill, releases every instance of the job;
+checkpoints stay, so a retry resumes the training where it stopped.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_spotsched.execution.driver import Finished, RunDriver
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
+from airflow_provider_spotsched.execution.retry import retrying
 from airflow_provider_spotsched.execution.wake import Wait
 from airflow_provider_spotsched.forecast import FORECASTERS
 from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_environment
@@ -323,7 +328,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Validate, then start the run, or re-attach to the one a previous try left."""
-        saved = self._store(context).get(STATE_KEY)
+        saved = self._load(context)()
         if saved:
             self.log.info("re-attaching to job %s, left by a previous try", saved["job"]["job_id"])
             return self._resume(context, saved, reattach=True)
@@ -334,7 +339,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     def execute_slot(self, context: Context, event: Mapping[str, Any]) -> dict[str, Any]:
         """Resumed by the trigger: at a boundary, on a preemption or at the job's end."""
-        saved = self._store(context).get(STATE_KEY)
+        saved = self._load(context)()
         if not saved:
             raise AirflowException(f"the run state {STATE_KEY!r} is missing from task_state_store; clear the task to restart")
         self.log.info("woken: %s at %s", event.get("reason"), event.get("time"))
@@ -353,7 +358,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         """
         spec = BackendSpec.from_dict(saved["backend"])
         env = build_environment(spec, self.slot_hours, self._market_source())
-        driver = RunDriver.from_state(env, saved, self._persist(context, spec))
+        driver = RunDriver.from_state(env, saved, self._persist(context, spec), self._load(context))
         return self._drive(context, spec, driver, reattach)
 
     # -- starting ------------------------------------------------------------------------------
@@ -380,7 +385,9 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         learnt = None
         if self.policy == "selector":  # raw text: a Variable that is not JSON must not read as a missing one
             learnt = starting_state(Variable.get(self.selector_state_variable, default=None), self._selector_store)
-        driver = RunDriver.start(env, config, self._command, self.checkpoint_uri, self._persist(context, spec), learnt)
+        driver = RunDriver.start(
+            env, config, self._command, self.checkpoint_uri, self._persist(context, spec), learnt, self._load(context)
+        )
         if self.training_config is not None:
             write_config(driver.training.checkpoint_uri, self.training_config)
         return driver
@@ -495,13 +502,14 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         """Step the run; between steps defer to the trigger, or without a triggerer wait here."""
         self._running = driver
         if not self.deferrable:
-            driver.run_to_completion(reattach, self.poll_interval, lambda run: self._push_log(context, run))
-            return self._finish(context, driver)
-        step = driver.step(reattach)
-        self._push_log(context, driver.run)
-        if isinstance(step, Finished):
-            return self._finish(context, driver)
-        self.defer(trigger=self._trigger(spec, driver, step), method_name="execute_slot")
+            driver.run_to_completion(reattach, self.poll_interval, lambda run: self._push_log(context, run, final=False))
+        else:
+            step = driver.step(reattach)
+            if not isinstance(step, Finished):
+                self._push_log(context, driver.run, final=False)
+                self.defer(trigger=self._trigger(spec, driver, step), method_name="execute_slot")
+        self._push_log(context, driver.run, final=True)
+        return self._finish(context, driver)
 
     def _trigger(self, spec: BackendSpec, driver: RunDriver, wait: Wait) -> SpotJobTrigger:
         return SpotJobTrigger(
@@ -546,8 +554,23 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     def _persist(self, context: Context, spec: BackendSpec) -> Callable[[dict[str, Any]], None]:
         """Where the driver's state goes: the task's state store, with the backend to rebuild."""
         store = self._store(context)
-        return lambda state: store.set(STATE_KEY, {**state, "backend": spec.to_dict()})
 
-    @staticmethod
-    def _push_log(context: Context, run: OnlineRun) -> None:
-        context["ti"].xcom_push(key="decision_log", value=run.decision_log())
+        def persist(state: dict[str, Any]) -> None:
+            retrying(lambda: store.set(STATE_KEY, {**state, "backend": spec.to_dict()}), "saving the run state")
+
+        return persist
+
+    def _load(self, context: Context) -> Callable[[], Any]:
+        """What the task's state store holds for the run (``None``: no run yet)."""
+        store = self._store(context)
+        return lambda: retrying(lambda: store.get(STATE_KEY), "reading the run state")
+
+    def _push_log(self, context: Context, run: OnlineRun, final: bool) -> None:
+        """The decision log to XCom; mid-run a push that keeps failing waits for the next slot's."""
+        try:
+            retrying(lambda: context["ti"].xcom_push(key="decision_log", value=run.decision_log()),
+                     "pushing the decision log")
+        except Exception as error:
+            if final:
+                raise
+            self.log.warning("decision log not pushed (%s); the next slot pushes it whole", error)

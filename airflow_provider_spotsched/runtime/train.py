@@ -7,6 +7,14 @@ global-batch mean however the batch is split. Between steps the workers agree (o
 all-reduce) on whether to stop (SIGTERM or a notice on any worker) and whether a checkpoint is due
 (the leader's Young/Daly clock). A stop saves an emergency checkpoint at the last step boundary
 (a step in progress is abandoned between its gradient-accumulation chunks) and exits 75.
+
+A checkpoint store that refuses a write (down, full, throttled) never costs the checkpoints
+already stored: a failed save leaves a partial checkpoint that loading skips. A refused periodic
+save is reported and training goes on (the next save is due an interval later); a refused
+emergency save still exits 75 (the newest stored checkpoint is where the restart resumes, and
+``progress.json`` says so); a refused final save is tried again a few times, then exits 75 too.
+A stop right after a checkpoint does not save the same step again. ``progress.json`` is written
+best-effort: a refused write is reported and the next one replaces it.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ from airflow_provider_spotsched.runtime.preemption import StopFlag
 
 LOSS_HISTORY = 200  # losses kept in a checkpoint (the guard's median window and the curve's tail)
 STATE_FORMAT = 1
+FINAL_SAVE_ATTEMPTS = 3  # the final checkpoint and adapter, with FINAL_SAVE_PAUSE_S, then 2x, between tries
+FINAL_SAVE_PAUSE_S = 1.0
 
 
 def lr_factor(samples_done: int, samples_total: int, warmup_fraction: float) -> float:
@@ -101,7 +111,8 @@ class Trainer:
         self.losses: list[float] = []
         self.lr_scale = 1.0
         self.rollbacks = 0
-        self.latest_checkpoint: str | None = None
+        self.latest_checkpoint: str | None = None  # the newest stored checkpoint, known on every rank
+        self.checkpointed_samples = 0  # its samples_done: the work a restart resumes from
         self.seconds_per_sample: float | None = None
         self.nan_injections_left = set(config.fault_injection.nan_loss_at_steps)
         self.throughput = 0.0
@@ -184,19 +195,35 @@ class Trainer:
             for _, parameter in self.trainable:
                 self.workers.broadcast_(parameter.data)
         self.latest_checkpoint = name
+        self.checkpointed_samples = self.samples_done
         return choice
 
     # -- checkpoints and progress --------------------------------------------------------------
 
-    def save_checkpoint(self, kind: str) -> float:
-        """All ranks meet, the leader saves; returns the seconds it took (barriers included)."""
+    def save_checkpoint(self, kind: str) -> float | None:
+        """All ranks meet, the leader saves; the seconds it took (barriers included), or None if refused.
+
+        Every rank learns whether the store took it (one all-reduce), so that all agree on the
+        newest stored checkpoint; a refused save changes nothing stored (see the module docstring).
+        """
         start = time.monotonic()
         self.workers.barrier()
+        error: Exception | None = None
         if self.workers.leader:
-            self.latest_checkpoint = self.store.save(
-                self.step, self.state(), samples_done=self.samples_done, world_size=self.workers.world_size,
-                kind=kind)
-        self.workers.barrier()
+            try:
+                self.store.save(self.step, self.state(), samples_done=self.samples_done,
+                                world_size=self.workers.world_size, kind=kind)
+            except Exception as exc:  # storage errors share no base class (OSError, botocore, gcsfs, ...)
+                error = exc
+        if self.workers.all_max([float(error is not None)])[0]:
+            self.emit("checkpoint_failed", kind=kind, step=self.step, samples_done=self.samples_done,
+                      error=f"{type(error).__name__}: {error}" if error else "refused on the leader",
+                      checkpoint=self.latest_checkpoint)
+            if error is not None:
+                warn(f"{kind} checkpoint of step {self.step} not stored ({type(error).__name__}: {error}); "
+                     f"the newest stored one is {self.latest_checkpoint}")
+            return None
+        self.latest_checkpoint, self.checkpointed_samples = checkpoint_name(self.step), self.samples_done
         seconds = time.monotonic() - start
         self.interval.record_cost(seconds)
         self.emit("checkpoint", name=self.latest_checkpoint, kind=kind, step=self.step,
@@ -205,24 +232,45 @@ class Trainer:
         self.write_progress("running" if kind != "final" else "done")
         return seconds
 
-    def write_progress(self, status: str) -> None:
+    def write_progress(self, status: str, samples_done: int | None = None) -> None:
+        """The leader's ``progress.json`` (``samples_done``: instead of the work done so far); best-effort."""
         if not self.workers.leader:
             return
-        write_progress(self.store.uri, Progress(
-            samples_done=self.samples_done, samples_total=self.config.samples, step=self.step,
-            loss=self.losses[-1] if self.losses else None, samples_per_second=round(self.throughput, 3),
-            world_size=self.workers.world_size, checkpoint=self.latest_checkpoint, status=status,
-            updated=utc_now(),
-        ))
+        try:
+            write_progress(self.store.uri, Progress(
+                samples_done=self.samples_done if samples_done is None else samples_done,
+                samples_total=self.config.samples, step=self.step,
+                loss=self.losses[-1] if self.losses else None, samples_per_second=round(self.throughput, 3),
+                world_size=self.workers.world_size, checkpoint=self.latest_checkpoint, status=status,
+                updated=utc_now(),
+            ))
+        except Exception as error:
+            warn(f"progress not written ({type(error).__name__}: {error}); the next write replaces it")
 
-    def save_final(self) -> str:
-        """The finished adapter (peft format) and tokenizer under URI/final/."""
+    def save_final(self) -> bool:
+        """The finished adapter (peft format) and tokenizer under URI/final/; False if the store refused it."""
+        error: Exception | None = None
         if self.workers.leader:
-            with tempfile.TemporaryDirectory(prefix="spotsched-final-") as staging:
-                self.model.save_pretrained(staging)
-                self.tokenizer.save_pretrained(staging)
-                self.store.put_directory(staging, "final")
-        return self.store.path("final")
+            try:
+                with tempfile.TemporaryDirectory(prefix="spotsched-final-") as staging:
+                    self.model.save_pretrained(staging)
+                    self.tokenizer.save_pretrained(staging)
+                    self.store.put_directory(staging, "final")
+            except Exception as exc:
+                error = exc
+                warn(f"final adapter not stored ({type(exc).__name__}: {exc})")
+        return not self.workers.all_max([float(error is not None)])[0]
+
+    def save_the_end(self) -> bool:
+        """The final checkpoint (unless this step has one) and the adapter, tried a few times."""
+        for attempt in range(FINAL_SAVE_ATTEMPTS):
+            if attempt:
+                time.sleep(FINAL_SAVE_PAUSE_S * 2 ** (attempt - 1))
+            if self.latest_checkpoint != checkpoint_name(self.step) and self.save_checkpoint("final") is None:
+                continue
+            if self.save_final():
+                return True
+        return False
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -379,9 +427,11 @@ class Trainer:
                           loss=result.loss, lr=self.optimizer.param_groups[0]["lr"],
                           samples_per_second=round(self.throughput, 3), world_size=workers.world_size)
                 self.write_progress("running")
-        if self.latest_checkpoint is None or self.latest_checkpoint != checkpoint_name(self.step):
-            self.save_checkpoint("final")
-        final = self.save_final()
+        if not self.save_the_end():
+            warn(f"the work is done but the store refused the final checkpoint {FINAL_SAVE_ATTEMPTS} times: "
+                 f"stopping resumable, from {self.latest_checkpoint}")
+            return self.stopped_unsaved(reason="final checkpoint refused by the store", discarded=0)
+        final = self.store.path("final")
         self.write_progress("done")
         workers.barrier()
         self.emit("done", step=self.step, samples_done=self.samples_done, samples_total=config.samples,
@@ -390,11 +440,24 @@ class Trainer:
         return EXIT_DONE
 
     def preempted(self, discarded: int) -> int:
-        seconds = self.save_checkpoint("emergency")
+        if self.latest_checkpoint == checkpoint_name(self.step):  # nothing since it: re-saving would risk it
+            seconds: float | None = 0.0
+        else:
+            seconds = self.save_checkpoint("emergency")
+        if seconds is None:
+            return self.stopped_unsaved(reason=self.stop.reason, discarded=discarded)
         self.write_progress("preempted")
         self.emit("preempted", reason=self.stop.reason, checkpoint=self.latest_checkpoint, step=self.step,
                   samples_done=self.samples_done, samples_total=self.config.samples, save_s=round(seconds, 4),
                   discarded_samples=discarded)
+        return EXIT_PREEMPTED
+
+    def stopped_unsaved(self, reason: str | None, discarded: int) -> int:
+        """Exit 75 with the work since the newest stored checkpoint unsaved: progress says where a restart resumes."""
+        self.write_progress("preempted", samples_done=self.checkpointed_samples)
+        self.emit("preempted", reason=reason, checkpoint=self.latest_checkpoint, step=self.step,
+                  samples_done=self.checkpointed_samples, samples_total=self.config.samples, save_s=None,
+                  discarded_samples=discarded + self.samples_done - self.checkpointed_samples)
         return EXIT_PREEMPTED
 
     def peer_lost(self, error: PeerLostError) -> int:
@@ -409,8 +472,13 @@ class Trainer:
         if not self.workers.leader:
             return EXIT_PREEMPTED
         start = time.monotonic()
-        self.latest_checkpoint = self.store.save(self.step, self.state(), samples_done=self.samples_done,
-                                                 world_size=self.workers.world_size, kind="emergency")
+        try:
+            self.latest_checkpoint = self.store.save(self.step, self.state(), samples_done=self.samples_done,
+                                                     world_size=self.workers.world_size, kind="emergency")
+        except Exception as exc:
+            warn(f"emergency checkpoint not stored ({type(exc).__name__}: {exc})")
+            return self.stopped_unsaved(reason=f"peer lost: {error}", discarded=0)
+        self.checkpointed_samples = self.samples_done
         seconds = time.monotonic() - start
         self.write_progress("preempted")
         self.emit("preempted", reason=f"peer lost: {error}", checkpoint=self.latest_checkpoint, step=self.step,
