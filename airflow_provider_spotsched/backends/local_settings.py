@@ -47,7 +47,9 @@ class LocalReplaySettings:
             )
         settings = cls(workdir=default_workdir())
         if extra.get("workdir"):
-            settings = replace(settings, workdir=Path(str(extra["workdir"])).expanduser())
+            if not isinstance(extra["workdir"], str):
+                raise ValueError(f"{where}: workdir must be a directory path (text), got {extra['workdir']!r}")
+            settings = replace(settings, workdir=Path(extra["workdir"]).expanduser())
         if extra.get("trace"):
             try:
                 path = trace_path(str(extra["trace"]))
@@ -56,16 +58,21 @@ class LocalReplaySettings:
             settings = replace(settings, trace=path)
         if extra.get("seconds_per_slot") is not None:
             value = extra["seconds_per_slot"]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            try:
+                seconds = math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+            except OverflowError:  # an integer beyond any float
+                seconds = math.inf
+            if not (math.isfinite(seconds) and seconds > 0):
                 raise ValueError(f"{where}: seconds_per_slot must be a number of seconds > 0, got {value!r}")
-            settings = replace(settings, seconds_per_slot=float(value))
+            settings = replace(settings, seconds_per_slot=seconds)
         if extra.get("market_start"):
             value = extra["market_start"]
             try:
                 start = value if isinstance(value, datetime) else parse_timestamp(str(value))
-            except ValueError as error:
+                start = start.astimezone(timezone.utc)
+            except (ValueError, OverflowError) as error:
                 raise ValueError(f"{where}: market_start {value!r}: {error}") from None
-            settings = replace(settings, market_start=start.astimezone(timezone.utc))
+            settings = replace(settings, market_start=start)
         if extra.get("history_slots") is not None:
             value = extra["history_slots"]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -19,7 +19,11 @@ SHIPPED_TRACES = {"gcp": GCP_TRACE, "aws": AWS_TRACE}
 def trace_path(name: str) -> Path:
     """The shipped trace called ``name``, or the trace file at path ``name``."""
     path = SHIPPED_TRACES.get(name, Path(name).expanduser())
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError:  # a name no file system accepts (too long, say)
+        found = False
+    if not found:
         raise ValueError(f'trace {name!r} is neither "gcp", "aws" nor an existing trace file')
     return path
 

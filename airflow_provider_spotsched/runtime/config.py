@@ -30,13 +30,22 @@ class ConfigError(ValueError):
 
 
 def _number(raw: Mapping[str, Any], name: str, default: float | None, *, minimum: float | None = None,
-            strict_minimum: bool = False, integer: bool = False, prefix: str = "") -> Any:
+            strict_minimum: bool = False, integer: bool = False, prefix: str = "", required: bool = False) -> Any:
     value = raw.get(name, default)
     label = f"{prefix}{name}"
+    kind = "an integer" if integer else "a number"
     if value is None:
+        if required or default is not None:  # null is no value for a setting that has one by default
+            raise ConfigError(f"{label} must be {kind}, got None")
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
-        raise ConfigError(f"{label} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{label} must be {kind}, got {value!r}")
+    try:
+        as_float = float(value)
+    except OverflowError:
+        raise ConfigError(f"{label} is too large, got {value!r}") from None
+    if integer and not as_float.is_integer():
+        raise ConfigError(f"{label} must be {kind}, got {value!r}")
     if not math.isfinite(value):
         raise ConfigError(f"{label} must be finite, got {value!r}")
     if minimum is not None and (value <= minimum if strict_minimum else value < minimum):
@@ -196,8 +205,8 @@ class TrainConfig:
         if ("samples" in raw) == ("steps" in raw):
             raise ConfigError("give exactly one of samples (total training samples, the job's work) "
                               "or steps (optimizer steps of one worker: samples = steps * batch_size)")
-        samples = (_number(raw, "samples", None, minimum=1, integer=True) if "samples" in raw
-                   else _number(raw, "steps", None, minimum=1, integer=True) * batch_size)
+        samples = (_number(raw, "samples", None, minimum=1, integer=True, required=True) if "samples" in raw
+                   else _number(raw, "steps", None, minimum=1, integer=True, required=True) * batch_size)
         for name in ("model", "dataset"):
             if name in raw and (not isinstance(raw[name], str) or not raw[name]):
                 raise ConfigError(f"{name} must be a non-empty string, got {raw[name]!r}")
