@@ -39,6 +39,7 @@ from airflow_provider_spotsched.scheduling.online import BudgetError
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
 from airflow_provider_spotsched.scheduling.selector_store import SelectorStoreError
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
+from tests.billing import billed
 from tests.task_context import TaskContext, TaskStateStore, first_payload, rebuilt
 
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
@@ -141,18 +142,6 @@ def test_a_retry_re_attaches_to_the_running_job_without_launching_again(tmp_path
     assert result["savings"] == pytest.approx(result["on_demand_cost"] - result["cost"])
     assert nothing_left(tmp_path, job.job_id)
     assert all(i.state is not InstanceState.RUNNING for i in backend(tmp_path).status(job).instances)
-
-
-def billed(log: list[dict], result: dict) -> float:
-    """The cost rebuilt from the decision log: each slot's applied allocation at its prices."""
-    total = 0.0
-    for record in log:
-        applied = record["applied"] or {"spot": {}, "on_demand": 0}
-        hourly = sum(n * record["market"][p]["spot_price"] for p, n in applied["spot"].items())
-        hourly += applied["on_demand"] * record["on_demand_price"]
-        last = record is log[-1]
-        total += hourly * ((result["completion_hours"] - record["slot"]) if last else 1.0)
-    return total
 
 
 def test_kill_releases_every_instance_and_keeps_the_checkpoint(tmp_path):

@@ -244,19 +244,6 @@ class Audit:
         )
 
 
-def billed(log: list[dict], result: Mapping[str, Any]) -> float:
-    """The cost rebuilt from the decision log: each slot's applied allocation at its prices
-    (tests/test_operator.py's rule: every slot whole, the last up to completion)."""
-    total = 0.0
-    for record in log:
-        applied = record["applied"] or {"spot": {}, "on_demand": 0}
-        hourly = sum(n * record["market"][p]["spot_price"] for p, n in applied["spot"].items())
-        hourly += applied["on_demand"] * record["on_demand_price"]
-        last = record is log[-1]
-        total += hourly * ((result["completion_hours"] - record["slot"]) if last else 1.0)
-    return total
-
-
 def check_figures(figures: Figures) -> None:
     """The suite's four invariants on one run's figures."""
     assert figures.leaked_instances == 0, f"{figures.leaked_instances} instance(s) leaked: {figures}"

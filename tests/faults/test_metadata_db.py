@@ -18,8 +18,9 @@ from airflow.sdk.exceptions import TaskDeferred
 from sqlalchemy.exc import OperationalError
 
 from airflow_provider_spotsched.operators.fine_tune import STATE_KEY, DeadlineSpotFineTuneOperator
+from tests.billing import billed
 from tests.faults.markets import write_trace
-from tests.faults.support import Audit, ProgressWatch, billed, check_figures, operator_kwargs, released_at_exit
+from tests.faults.support import Audit, ProgressWatch, check_figures, operator_kwargs, released_at_exit
 from tests.task_context import TaskContext, TaskInstance, TaskStateStore, first_payload, rebuilt
 
 

@@ -18,13 +18,13 @@ from airflow_provider_spotsched.execution.driver import RunDriver
 from airflow_provider_spotsched.execution.environment import local_environment
 from airflow_provider_spotsched.scheduling.model import Job, Throughput
 from airflow_provider_spotsched.scheduling.online import RunConfig
+from tests.billing import billed
 from tests.faults.markets import MARKET_START, POOLS, write_trace
 from tests.faults.support import (
     CHAOS_RUNS,
     STEP_S,
     Audit,
     ProgressWatch,
-    billed,
     check_figures,
     released_at_exit,
     worker_command,

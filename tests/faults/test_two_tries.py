@@ -15,13 +15,13 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_spotsched.operators.fine_tune import STATE_KEY, DeadlineSpotFineTuneOperator
+from tests.billing import billed
 from tests.faults.markets import write_trace
 from tests.faults.support import (
     CHAOS_RUNS,
     Audit,
     FileStateStore,
     ProgressWatch,
-    billed,
     check_figures,
     finish,
     operator_kwargs,

@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_spotsched.operators.fine_tune import STATE_KEY, DeadlineSpotFineTuneOperator
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
+from tests.billing import billed
 from tests.faults.child import KILL
 from tests.faults.markets import write_trace
 from tests.faults.support import (
@@ -26,7 +27,6 @@ from tests.faults.support import (
     Audit,
     FileStateStore,
     ProgressWatch,
-    billed,
     check_figures,
     finish,
     operator_kwargs,
