@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 
 from airflow_provider_spotsched.market.slots import resample
@@ -167,6 +168,23 @@ def test_next_slot_bills_an_unreported_decision_as_decided(gcp_market):
     assert run.records[0].applied == record.allocation
     assert run.cost == pytest.approx(hourly) and run.cost > 0
     assert run.slot == 1 and not run.decided and run.market_now == start + timedelta(hours=1)
+
+
+def test_a_slot_nobody_stepped_runs_on_the_allocation_in_force_capped_by_capacity(gcp_market):
+    run = OnlineRun.start(RunConfig("r", gcp_job(), gcp_market.pools, policy="greedy"), gcp_market.prefix(HISTORY + 1), NOW)
+    with pytest.raises(ValueError, match="no slot has been decided"):
+        run.pass_unwatched(gcp_market.spot_price[HISTORY + 1], gcp_market.available[HISTORY + 1], NOW, 0.0)
+    run.decide(0.0, NOW)
+    run.applied(Allocation((2, 1, 0), 1))
+    short = np.array([1, 5, 0])  # the first pool's capacity fell to 1
+    record = run.pass_unwatched(gcp_market.spot_price[HISTORY + 1], short, NOW + timedelta(hours=1), 7.0)
+    assert run.slot == 1 and record.slot == 1 and run.records[-1] is record
+    assert record.allocation == record.applied == {"spot": {run.config.pools[0]: 1, run.config.pools[1]: 1}, "on_demand": 1}
+    assert record.work_done == 7.0 and record.forecast is None and record.plan is None
+    assert record.market[run.config.pools[0]]["available"] == 1
+    slot0 = 2 * gcp_market.spot_price[HISTORY, 0] + gcp_market.spot_price[HISTORY, 1] + gcp_market.on_demand_price
+    assert record.cost_so_far == pytest.approx(slot0), "slot 0 billed whole when the next slot begins"
+    assert record.on_demand_cost_so_far == pytest.approx(4 * gcp_market.on_demand_price)
 
 
 def test_hours_follow_the_accelerated_clock(gcp_market):

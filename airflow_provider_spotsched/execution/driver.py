@@ -37,18 +37,16 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_provider_spotsched.backends.base import InstanceState, InsufficientCapacityError, JobStatus, TrainingJob
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.wake import Wait, wait_for_wake
-from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.runtime.contract import read_finished_at, read_work_done
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError
-from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict, allocation_to_dict
-from airflow_provider_spotsched.scheduling.rules import on_demand_cost
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
 
 SLOT_EPSILON = 1e-6
 log = logging.getLogger(__name__)
@@ -281,25 +279,11 @@ class RunDriver:
     def _carry_to(self, slot: int, now: datetime) -> None:
         """Record and bill the slots up to ``slot`` that the job ran through unwatched (module docstring)."""
         run = self.run
-        job, pools, price = run.config.job, run.config.pools, run.market.on_demand_price
         while run.records and run.slot < slot:
-            previous = run.records[-1]
-            in_force = next((r.applied for r in reversed(run.records) if r.applied is not None), {})
-            carried = allocation_from_dict(in_force, pools)
-            prices, available = self.env.market.row(run.slot + 1, pools, now)
-            run.observe(prices.tolist(), available.tolist())
-            ran = allocation_to_dict(
-                Allocation(tuple(min(n, int(a)) for n, a in zip(carried.spot, available)), carried.on_demand), pools
+            record = run.pass_unwatched(
+                *self.env.market.row(run.slot + 1, run.config.pools, now), now, read_work_done(self.training.checkpoint_uri)
             )
-            run.records.append(replace(
-                previous, slot=run.slot, time=format_timestamp(now), market_time=format_timestamp(run.market_now),
-                market={p: {"spot_price": float(run.market.spot_price[-1, m]), "available": int(available[m])}
-                        for m, p in enumerate(pools)},
-                forecast=None, plan=None, allocation=ran, applied=ran,
-                work_done=read_work_done(self.training.checkpoint_uri), cost_so_far=run.cost,
-                on_demand_cost_so_far=min(on_demand_cost(job, price), run.slot * job.slot_hours * job.max_instances * price),
-            ))
-            log.info("slot %d: the job ended before anyone stepped; %s ran on", run.slot, ran)
+            log.info("slot %d: the job ended before anyone stepped; %s ran on", record.slot, record.applied)
 
     def slot_at(self, now: datetime) -> int:
         """The slot in force at ``now`` on the run's clock."""

@@ -271,10 +271,7 @@ class OnlineRun:
             slot=self.slot,
             time=format_timestamp(now),
             market_time=format_timestamp(self.market_now),
-            market={
-                p: {"spot_price": float(self.market.spot_price[-1, m]), "available": int(self.market.available[-1, m])}
-                for m, p in enumerate(pools)
-            },
+            market=self._market_log(),
             on_demand_price=float(self.market.on_demand_price),
             forecast=self._forecast(),
             plan=[allocation_to_dict(a, pools) for a in policy.planned()] or None,
@@ -296,6 +293,31 @@ class OnlineRun:
         if not self.records or self.records[-1].slot != self.slot:
             raise ValueError("decide the current slot before recording what was applied")
         self.records[-1].applied = allocation_to_dict(allocation, self.config.pools)
+
+    def pass_unwatched(
+        self, spot_price: Sequence[float] | np.ndarray, available: Sequence[int] | np.ndarray, now: datetime, work_done: float
+    ) -> SlotRecord:
+        """The next slot went by with nobody deciding (the job ended while no caller was stepping).
+
+        The allocation in force ran on, capped by the slot's spot capacity: the slot is recorded
+        with it as decided and applied, so it is billed like any other.
+        """
+        if not self.records:
+            raise ValueError("no slot has been decided: there is no allocation in force to run on")
+        in_force = next((r.applied for r in reversed(self.records) if r.applied is not None), {})
+        carried = allocation_from_dict(in_force, self.config.pools)
+        self.observe(spot_price, available)
+        capacity = self.market.available[-1]
+        ran = allocation_to_dict(
+            Allocation(tuple(min(n, int(a)) for n, a in zip(carried.spot, capacity)), carried.on_demand), self.config.pools
+        )
+        record = replace(
+            self.records[-1], slot=self.slot, time=format_timestamp(now), market_time=format_timestamp(self.market_now),
+            market=self._market_log(), forecast=None, plan=None, allocation=ran, applied=ran, work_done=float(work_done),
+            cost_so_far=self.cost, on_demand_cost_so_far=self._on_demand_cost_until(self.slot),
+        )
+        self.records.append(record)
+        return record
 
     def next_slot(self, spot_price: Sequence[float] | np.ndarray, available: Sequence[int] | np.ndarray) -> None:
         """Move past the decided current slot; a decision nobody reported on is billed as decided.
@@ -454,6 +476,13 @@ class OnlineRun:
             return 0.0
         applied = allocation_from_dict(record.applied, self.config.pools)
         return hours * _hourly(applied, self.market.spot_price[-1], self.market.on_demand_price)
+
+    def _market_log(self) -> dict[str, dict[str, float]]:
+        """The current slot's market, per pool, as the decision log shows it."""
+        return {
+            p: {"spot_price": float(self.market.spot_price[-1, m]), "available": int(self.market.available[-1, m])}
+            for m, p in enumerate(self.config.pools)
+        }
 
     def _on_demand_cost_until(self, slot: int) -> float:
         """What N_max on-demand instances from slot 0 would have cost by the start of ``slot``."""
