@@ -164,7 +164,7 @@ def cmd_forecast(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run a job for real on the local backend, in this process, to its end (see docs/backends.md)."""
+    """Run a job for real on the local backend, in this process, to its end (see docs/architecture.md)."""
     job = read_job(args.job, args.max_instances_limit)
     try:
         settings = LocalReplaySettings.from_extra(
@@ -187,7 +187,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if state_file.exists():
         print(f"re-attaching to job {job_id} ({state_file})")
-        driver = RunDriver.from_state(env, json.loads(state_file.read_text(encoding="utf-8")), persist, load)
+        try:
+            driver = RunDriver.from_state(env, _read_json(state_file), persist, load)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{state_file}: not a run state spotsched run wrote ({exc!r}); remove it to start afresh") from None
         reattach = True
     else:
         driver = _start_run(args, job, job_id, env, persist, selector_file, load)

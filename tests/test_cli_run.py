@@ -119,3 +119,15 @@ def test_a_selector_state_file_damaged_during_the_run_is_kept_and_a_rerun_closes
     assert main(args) == 0
     assert "re-attaching to job late" in capsys.readouterr().out
     assert json.loads(state.read_text())["runs"] == ["late"]
+
+
+def test_a_damaged_run_state_is_one_line_and_exit_2_not_a_traceback(tmp_path, capsys):
+    job = write_job(tmp_path)
+    runs = tmp_path / "work" / "runs"
+    runs.mkdir(parents=True)
+    for damaged in ("{not json", '{"run": {}}', "[]"):
+        (runs / "small-job.json").write_text(damaged)
+        assert main(run_args(tmp_path, job, "--policy", "uniform-progress")) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("spotsched run: error: ") and "small-job.json" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "work" / "jobs").exists(), "nothing was launched"
