@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 from typing import Any
 
 import boto3
@@ -233,6 +234,7 @@ def test_scale_down_ends_the_newest_of_the_shrunk_pool_and_scale_up_adds_on_dema
     backend = make_backend(client)
     backend.reconcile(job, Allocation((3, 0), 0))
     pool_a = sorted(live(ec2, job).values(), key=lambda i: (i["LaunchTime"], i["InstanceId"]))
+    time.sleep(1.1)  # LaunchTime has whole seconds: the on-demand instance must be the younger, not a tie
     status = backend.reconcile(job, Allocation((1, 0), 1))
 
     ended = {i for call in client.terminations for i in call}
