@@ -39,10 +39,17 @@ def main() -> None:
     total = int(config["samples"])
     emit("started", rank=rank, world_size=world, master_port=os.environ.get("MASTER_PORT"), samples_done=done)
 
+    steps = 0
+    step_s = float(config.get("step_s", 0.05))
+
     def save() -> None:
         if rank == 0:
             tmp = progress_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"samples_done": done, "samples_total": total, "world_size": world}))
+            tmp.write_text(json.dumps({
+                "samples_done": done, "samples_total": total, "world_size": world, "step": steps,
+                "loss": 2.0 / (1.0 + done / max(total, 1)), "samples_per_second": world / max(step_s, 1e-6),
+                "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }))
             os.replace(tmp, progress_file)
 
     def on_sigterm(signum: int, frame: object) -> None:
@@ -52,9 +59,8 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     noticed = False
-    steps = 0
     while done < total:
-        time.sleep(float(config.get("step_s", 0.05)))
+        time.sleep(step_s)
         done = min(total, done + world)
         steps += 1
         save()

@@ -70,6 +70,23 @@ def test_the_driver_runs_a_job_to_its_end_without_airflow(tmp_path):
     assert all(i.state is not InstanceState.RUNNING for i in status.instances)
 
 
+def test_the_decision_log_tells_the_ui_what_ran_where_and_when_next(tmp_path):
+    """Per-pool preemptions, the runtime's last report and the next boundary, slot by slot."""
+    saved: list[dict[str, Any]] = []
+    run = make_driver(tmp_path, saved, samples=240).run_to_completion(poll_interval=0.1)
+    result = run.result()
+    assert result["preemptions_by_pool"] == {"us-east4-a": result["preemptions"]} and result["preemptions"] > 0, (
+        "us-east4-a loses its capacity in slot 2")
+    assert result["hard_deadline_hours"] == pytest.approx(9.0) and result["hard_deadline_met"]
+    assert result["budget"] is None
+    later = [r for r in run.records if r.work_done > 0]
+    assert later and all(r.training and r.training["samples_per_second"] > 0 and r.training["loss"] > 0
+                         for r in later), "each decision after the first progress report carries it"
+    for before, after in zip(run.records, run.records[1:]):
+        assert before.next_decision is not None and before.next_decision <= after.time
+        assert all(after.preempted_by_pool.get(p, 0) >= n for p, n in before.preempted_by_pool.items())
+
+
 def test_a_driver_rebuilt_from_its_state_goes_on_with_the_same_job(tmp_path):
     saved: list[dict[str, Any]] = []
     first = make_driver(tmp_path, saved, step_s=5.0)  # slow workers: the job is still running

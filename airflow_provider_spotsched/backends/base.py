@@ -168,6 +168,15 @@ class JobStatus:
     def preemptions(self) -> int:
         return self.count(InstanceState.PREEMPTED)
 
+    @property
+    def preemptions_by_pool(self) -> dict[str, int]:
+        """Preempted instances per pool (pools with none left out)."""
+        counts: dict[str, int] = {}
+        for i in self.instances:
+            if i.state is InstanceState.PREEMPTED:
+                counts[i.pool] = counts.get(i.pool, 0) + 1
+        return counts
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,

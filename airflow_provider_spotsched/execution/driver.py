@@ -44,7 +44,7 @@ from typing import Any
 from airflow_provider_spotsched.backends.base import InstanceState, InsufficientCapacityError, JobStatus, TrainingJob
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.wake import Wait, wait_for_wake
-from airflow_provider_spotsched.runtime.contract import read_finished_at, read_work_done
+from airflow_provider_spotsched.runtime.contract import read_finished_at, read_progress, read_work_done
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
 
@@ -224,26 +224,30 @@ class RunDriver:
             raise TrainingFailedError(f"training of {self.training.job_id} failed: {details}")
         now = datetime.now(timezone.utc)
         if not run.records:
-            status = self._decide(now, status.preemptions)
+            status = self._decide(now, status)
         elif run.records[-1].applied is None or (reattach and run.slot == self.slot_at(now)):
             # a previous step decided and stopped before the backend acted, or released what it had
             status = self._apply(allocation_from_dict(run.records[-1].allocation, run.config.pools))
         while run.slot < self.slot_at(now):
             run.observe(*self.env.market.row(run.slot + 1, run.config.pools, now))
-            status = self._decide(now, status.preemptions)
-        run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
-        self._save()
+            status = self._decide(now, status)
+        run.note_preemptions(status.preemptions, status.preemptions_by_pool)
         seconds_per_slot = run.config.wall_seconds_per_slot
+        boundary = run.started + timedelta(seconds=(run.slot + 1) * seconds_per_slot)
+        run.note_next_decision(boundary)
+        self._save()
         return Wait(
-            boundary=run.started + timedelta(seconds=(run.slot + 1) * seconds_per_slot),
+            boundary=boundary,
             known_preemptions=status.preemptions,
             known_failures=self.known_failures,
             poll_interval=min(max(seconds_per_slot / 10.0, 0.2), 60.0),
         )
 
-    def _decide(self, now: datetime, preemptions: int) -> JobStatus:
+    def _decide(self, now: datetime, status: JobStatus) -> JobStatus:
         """Decide this slot, record the decision durably, then make the backend run it."""
-        record = self.run.decide(read_work_done(self.training.checkpoint_uri), now, preemptions)
+        progress = read_progress(self.training.checkpoint_uri)
+        record = self.run.decide(progress.samples_done, now, status.preemptions, status.preemptions_by_pool,
+                                 progress.training_report())
         log.info("slot %d: %s (cost so far %.2f USD)", record.slot, record.allocation, record.cost_so_far)
         self._save()
         return self._apply(allocation_from_dict(record.allocation, self.run.config.pools))
@@ -270,7 +274,7 @@ class RunDriver:
             self._carry_to(min(self.slot_at(finished_at), self.slot_at(datetime.now(timezone.utc))), finished_at)
             slot_start = run.slot * run.config.job.slot_hours
             hours = run.hours_at(finished_at)
-            run.records[-1].preemptions = max(run.records[-1].preemptions, status.preemptions)
+            run.note_preemptions(status.preemptions, status.preemptions_by_pool)
             run.complete(min(max(hours, slot_start), slot_start + run.config.job.slot_hours))
             self._save()
         self.release()

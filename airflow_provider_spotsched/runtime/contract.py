@@ -53,6 +53,13 @@ class Progress:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def training_report(self) -> dict[str, Any] | None:
+        """What the UI shows of training (loss, measured samples/s, step, world size); ``None`` before any."""
+        if not self.updated:
+            return None
+        return {"loss": self.loss, "samples_per_second": self.samples_per_second, "step": self.step,
+                "world_size": self.world_size, "updated": self.updated}
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Progress:
         """The known fields of ``data``; a missing one keeps its default (a command may write fewer)."""

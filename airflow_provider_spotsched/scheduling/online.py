@@ -138,6 +138,10 @@ class SlotRecord:
     cost_so_far: float
     on_demand_cost_so_far: float
     preemptions: int
+    # Later fields have defaults, so that a state stored before they existed still loads.
+    preempted_by_pool: dict[str, int] = field(default_factory=dict)  # preemptions so far, per pool
+    training: dict[str, Any] | None = None  # the runtime's last report: loss, samples/s, step, world size
+    next_decision: str | None = None  # wall-clock time of the next slot boundary, once known
 
 
 class OnlineRun:
@@ -246,8 +250,19 @@ class OnlineRun:
             self._decided = 0
         return self._policy
 
-    def decide(self, work_done: float, now: datetime, preemptions: int = 0) -> SlotRecord:
-        """This slot's allocation from the market row just observed and the measured work."""
+    def decide(
+        self,
+        work_done: float,
+        now: datetime,
+        preemptions: int = 0,
+        preempted_by_pool: Mapping[str, int] | None = None,
+        training: Mapping[str, Any] | None = None,
+    ) -> SlotRecord:
+        """This slot's allocation from the market row just observed and the measured work.
+
+        ``preempted_by_pool`` and ``training`` (what the runtime last reported) go into the
+        record for the UI; the policy decides on ``work_done`` alone.
+        """
         if self.completion_hours is not None:
             raise ValueError("the run has completed; nothing is decided after completion")
         if self.decided:
@@ -282,6 +297,8 @@ class OnlineRun:
             cost_so_far=self.cost,
             on_demand_cost_so_far=self._on_demand_cost_until(self.slot),
             preemptions=int(preemptions),
+            preempted_by_pool={pool: int(n) for pool, n in (preempted_by_pool or {}).items()},
+            training=dict(training) if training is not None else None,
         )
         if record.plan is not None:
             record.plan.insert(0, record.allocation)
@@ -293,6 +310,17 @@ class OnlineRun:
         if not self.records or self.records[-1].slot != self.slot:
             raise ValueError("decide the current slot before recording what was applied")
         self.records[-1].applied = allocation_to_dict(allocation, self.config.pools)
+
+    def note_preemptions(self, total: int, by_pool: Mapping[str, int]) -> None:
+        """Preemptions the backend reported after the current slot was decided (counts only grow)."""
+        record = self.records[-1]
+        record.preemptions = max(record.preemptions, int(total))
+        for pool, n in by_pool.items():
+            record.preempted_by_pool[pool] = max(record.preempted_by_pool.get(pool, 0), int(n))
+
+    def note_next_decision(self, at: datetime) -> None:
+        """When the next slot boundary falls on the wall clock (shown while the run is live)."""
+        self.records[-1].next_decision = format_timestamp(at)
 
     def pass_unwatched(
         self, spot_price: Sequence[float] | np.ndarray, available: Sequence[int] | np.ndarray, now: datetime, work_done: float
@@ -314,7 +342,7 @@ class OnlineRun:
         record = replace(
             self.records[-1], slot=self.slot, time=format_timestamp(now), market_time=format_timestamp(self.market_now),
             market=self._market_log(), forecast=None, plan=None, allocation=ran, applied=ran, work_done=float(work_done),
-            cost_so_far=self.cost, on_demand_cost_so_far=self._on_demand_cost_until(self.slot),
+            cost_so_far=self.cost, on_demand_cost_so_far=self._on_demand_cost_until(self.slot), next_decision=None,
         )
         self.records.append(record)
         return record
@@ -373,6 +401,11 @@ class OnlineRun:
             "deadline_hours": job.deadline_hours,
             "deadline_met": self.completion_hours is not None and self.completion_hours <= job.deadline_hours + 1e-9,
             "preemptions": self.preemptions,
+            "preemptions_by_pool": dict(self.records[-1].preempted_by_pool) if self.records else {},
+            "hard_deadline_hours": job.hard_deadline_hours,
+            "hard_deadline_met": self.completion_hours is not None
+            and self.completion_hours <= job.hard_deadline_hours + 1e-9,
+            "budget": self.config.budget,
             "value": value,
             "utility": value - self.cost,
             "slots": len(self.records),

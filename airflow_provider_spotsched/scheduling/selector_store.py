@@ -1,7 +1,9 @@
 """Closing a selector round into a shared state document that concurrent runs all update.
 
 The selector's state lives in one stored document (an Airflow Variable in the Airflow layer):
-``{"selector": SelectorPolicy.to_state(), "runs": [job ids already learnt from]}``. Stores like
+``{"selector": SelectorPolicy.to_state(), "runs": [job ids already learnt from], "history": [...]}``,
+where ``history`` keeps each closed round's member weights for its kind of job (the fleet
+dashboard draws them over rounds). Stores like
 Variables are last-writer-wins, so two runs ending together could each write a state that lacks
 the other's round. Two rules keep every round:
 
@@ -31,9 +33,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_provider_spotsched.scheduling.online import OnlineRun
-from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, SelectorStateError
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, SelectorStateError, job_context
 
 KEEP_RUN_IDS = 200
+KEEP_HISTORY = 1000  # closed rounds whose weights the document keeps (a few hundred bytes each)
 log = logging.getLogger(__name__)
 
 
@@ -99,11 +102,17 @@ def close_round(document: Mapping[str, Any] | None, run: OnlineRun) -> dict[str,
     # moves the next run's draw past it.
     played = selector.recorded_round(label, run.member["probability"], int(run.selector_start["draws"]) - 1)
     result = run.result()
-    losses = selector.close_round(played, run.config.job, run.realised_market(), {label: result["utility"]})
+    job = run.config.job
+    losses = selector.close_round(played, job, run.realised_market(), {label: result["utility"]})
+    kept = document.get("history") if isinstance(document, Mapping) else None
+    history = list(kept) if isinstance(kept, list) else []  # a damaged history restarts; the learner is intact
+    history.append({"job_id": job_id, "context": job_context(job), "round": selector.rounds_learnt(job),
+                    "member": label, "weights": selector.weights(job)})
     return {
         "selector": selector.to_state(),
         "runs": (runs + [job_id])[-KEEP_RUN_IDS:],
         "last_round": {"job_id": job_id, "member": label, "utility": result["utility"], "losses": losses},
+        "history": history[-KEEP_HISTORY:],
     }
 
 
