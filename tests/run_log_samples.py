@@ -23,6 +23,9 @@ FORECAST_SLOTS = 6
 MARKET_START = datetime(2025, 10, 6, tzinfo=timezone.utc)
 WALL_START = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
 WALL_SECONDS_PER_SLOT = 10
+DEADLINE_HOURS = 24.0
+HARD_DEADLINE_HOURS = 30.0
+CHARTS = 5  # the report's charts besides the forecast chart of each pool
 
 
 def _iso(value: datetime) -> str:
@@ -66,6 +69,7 @@ def sample_decision_log() -> list[dict[str, Any]]:
     log: list[dict[str, Any]] = []
     work = cost = 0.0
     preemptions = 0
+    preempted_by_pool: dict[str, int] = {}
     for t in range(SLOTS):
         on_demand = 1 if t >= 16 else 0  # the policy starts hedging once slack runs low
         allocation = _allocate(prices[t], available[t], on_demand)
@@ -74,6 +78,7 @@ def sample_decision_log() -> list[dict[str, Any]]:
             pool = next(iter(applied["spot"]))
             applied["spot"][pool] -= 1
             preemptions += 1
+            preempted_by_pool[pool] = preempted_by_pool.get(pool, 0) + 1
         ahead = range(t + 1, min(t + 1 + FORECAST_SLOTS, SLOTS))
         forecast = {
             pool: {
@@ -98,6 +103,16 @@ def sample_decision_log() -> list[dict[str, Any]]:
             "work_done": work,
             "cost_so_far": cost,
             "preemptions": preemptions,
+            "preempted_by_pool": dict(preempted_by_pool),
+            # the runtime's report: the loss falls, throughput follows the instances that ran before
+            "training": None if t == 0 else {
+                "loss": round(3.0 * 0.93**t, 4), "samples_per_second": round(0.2 * _count(log[-1]["applied"]), 3),
+                "step": 10 * t, "world_size": _count(log[-1]["applied"]),
+                "updated": _iso(WALL_START + timedelta(seconds=t * WALL_SECONDS_PER_SLOT - 1)),
+            },
+            "next_decision": _iso(WALL_START + timedelta(seconds=(t + 1) * WALL_SECONDS_PER_SLOT)),
+            "deadline_hours": DEADLINE_HOURS,
+            "hard_deadline_hours": HARD_DEADLINE_HOURS,
         })
         work += WORK_PER_INSTANCE_HOUR * _count(applied)
         cost += _bill(applied, prices[t], 1.0)
@@ -134,12 +149,16 @@ def sample_result(log: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         "savings": on_demand_cost - cost,
         "savings_fraction": (on_demand_cost - cost) / on_demand_cost,
         "completion_hours": completion,
-        "deadline_met": completion <= 24.0,
+        "deadline_met": completion <= DEADLINE_HOURS,
+        "hard_deadline_met": completion <= HARD_DEADLINE_HOURS,
         "preemptions": last["preemptions"],
+        "preemptions_by_pool": dict(last["preempted_by_pool"]),
         "utility": value - cost,
         "value": value,
         "policy": "chc",
         "job_id": "spot-demo-0001",
         "slots": len(log),
-        "deadline_hours": 24.0,
+        "deadline_hours": DEADLINE_HOURS,
+        "hard_deadline_hours": HARD_DEADLINE_HOURS,
+        "budget": None,
     }

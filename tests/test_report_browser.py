@@ -23,7 +23,7 @@ from PIL import Image
 
 from tests.headless_chromium import PageCapture, capture_page, find_chromium
 from tests.report_airflow import DAG_ID, FINISHED_TASK, serve_reports, shared_report_db, token
-from tests.run_log_samples import POOLS, sample_result
+from tests.run_log_samples import CHARTS, POOLS, sample_result
 
 WIDTH = 1280
 
@@ -70,7 +70,7 @@ def test_the_browser_renders_the_whole_report(signed_in):
     assert "finished, deadline met" in signed_in.text
     assert f"{result['cost']:,.2f} USD" in signed_in.text
     assert "Cost accumulated against the on-demand line" in signed_in.text
-    assert signed_in.svg_count == 3 + len(POOLS)
+    assert signed_in.svg_count == CHARTS + len(POOLS)
 
 
 def test_the_screenshot_is_the_full_page_and_not_blank(signed_in):

@@ -18,7 +18,7 @@ from tests.report_airflow import (
     shared_report_db,
     token,
 )
-from tests.run_log_samples import POOLS, sample_decision_log, sample_result
+from tests.run_log_samples import CHARTS, POOLS, sample_decision_log, sample_result
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_the_report_of_a_finished_run_is_served_to_a_dag_reader(client, run_id):
     result = sample_result()
     assert f"{DAG_ID} / {run_id} / {FINISHED_TASK}" in html
     assert "finished, deadline met" in html and f"{result['cost']:,.2f} USD" in html
-    assert len(re.findall(r"<svg\b", html)) == 3 + len(POOLS)
+    assert len(re.findall(r"<svg\b", html)) == CHARTS + len(POOLS)
     assert f'href="{FINISHED_TASK}/data.json"' in html
 
 
@@ -64,7 +64,7 @@ def test_the_raw_log_and_result_are_served_as_json(client, run_id):
     data = response.json()
     assert (data["dag_id"], data["run_id"], data["task_id"], data["map_index"]) == (DAG_ID, run_id, FINISHED_TASK, -1)
     assert data["decision_log"] == sample_decision_log()
-    assert data["result"] == pytest.approx(sample_result())
+    assert data["result"] == sample_result()
 
 
 def test_the_ui_session_cookie_is_accepted(client, run_id):
@@ -84,10 +84,11 @@ def test_a_run_in_progress_shows_the_slots_so_far(client, run_id):
     assert data["result"] is None and len(data["decision_log"]) == IN_PROGRESS_SLOTS
 
 
-def test_a_task_that_logged_nothing_says_so(client, run_id):
+def test_a_task_of_another_operator_says_it_has_no_spot_run(client, run_id):
+    """Every task instance has the report tab; one that is no spot run says so."""
     response = client.get(_report(run_id, SILENT_TASK), headers=_bearer())
     assert response.status_code == 200, response.text
-    assert "No decision has been recorded for this run yet" in response.text
+    assert "not DeadlineSpotFineTuneOperator: it has no spot run to report" in response.text
 
 
 @pytest.mark.parametrize("where, suffix, message", [
@@ -105,7 +106,10 @@ def test_an_unknown_run_or_task_is_a_404_naming_it(client, run_id, where, suffix
     assert message in response.json()["detail"]
 
 
-@pytest.mark.parametrize("suffix", ["", "/data.json"])
+REPORT = "/spotsched/runs/{dag_id}/{run_id}/{task_id}"
+
+
+@pytest.mark.parametrize("suffix", ["", "/data.json", "/live.json"])
 @pytest.mark.parametrize(
     ("map_index", "error"),
     [
@@ -141,11 +145,14 @@ def test_a_path_with_an_id_missing_is_a_404_naming_the_routes(client, run_id, pa
     response = client.get(path, headers=_bearer())
     assert response.status_code == 404
     assert response.json()["detail"] == (
-        f"no report at {path}: a report is at /spotsched/runs/{{dag_id}}/{{run_id}}/{{task_id}} and its data at "
-        "/spotsched/runs/{dag_id}/{run_id}/{task_id}/data.json, each id non-empty")
+        f"no page at {path}: a report is at {REPORT} (its data at {REPORT}/data.json, its live view at "
+        f"{REPORT}/live.json, each id non-empty) and the fleet at /spotsched/fleet")
 
 
-@pytest.mark.parametrize("suffix", ["", "/data.json"])
+REPORT = "/spotsched/runs/{dag_id}/{run_id}/{task_id}"
+
+
+@pytest.mark.parametrize("suffix", ["", "/data.json", "/live.json"])
 def test_requests_without_a_valid_token_are_refused(client, run_id, suffix):
     path = _report(run_id) + suffix
     assert client.get(path).status_code == 401

@@ -9,14 +9,17 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from airflow_provider_spotsched.simulation.run_report import RunSeries, render_run_report
-from tests.run_log_samples import POOLS, PREEMPTED_SLOT, sample_decision_log, sample_in_progress_log, sample_result
+from airflow_provider_spotsched.simulation.run_charts import RunSeries
+from airflow_provider_spotsched.simulation.run_report import LiveView, render_run_body, render_run_report, report_version
+from tests.run_log_samples import CHARTS, POOLS, PREEMPTED_SLOT, sample_decision_log, sample_in_progress_log, sample_result
 
 SVG = re.compile(r"<svg\b.*?</svg>", re.DOTALL)
 CHART_CAPTIONS = (
+    "Progress against the deadline",
     "Plan versus actual: instances per slot",
     "Spot and on-demand instances over time",
     "Cost accumulated against the on-demand line",
+    "Training: loss and measured throughput",
 )
 
 
@@ -51,9 +54,9 @@ def test_a_finished_run_shows_its_summary_and_every_chart(finished_html):
         assert figure in html
     for caption in CHART_CAPTIONS:
         assert f"<figcaption>{caption}</figcaption>" in html
-    # three charts, then one forecast chart per pool, each a well-formed inline SVG
+    # five charts, then one forecast chart per pool, each a well-formed inline SVG
     svgs = _svgs(html)
-    assert len(svgs) == 3 + len(POOLS)
+    assert len(svgs) == CHARTS + len(POOLS)
     for svg in svgs:
         ET.fromstring(svg)
     for pool in POOLS:
@@ -63,13 +66,16 @@ def test_a_finished_run_shows_its_summary_and_every_chart(finished_html):
 
 def test_the_page_is_self_contained(finished_html):
     html = finished_html
-    assert "<script" not in html
+    assert "<script" not in html, "a page that is not live polls nothing"
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
     assert "<?xml" not in html and "<!DOCTYPE svg" not in html  # the SVG prologs are stripped for inlining
 
 
 def test_charts_mark_the_preemption_and_the_plan(finished_html):
-    plan, instances, cost = _svgs(finished_html)[:3]
+    progress, plan, instances, cost, training = _svgs(finished_html)[:CHARTS]
+    for legend in ("required pace", "deadline", "hard deadline", "work done (checkpointed)", "preemption"):
+        assert legend in progress
+    assert "training loss" in training and "samples per second (measured)" in training
     for legend in ("first plan (slot 0)", "planned one slot ahead", "decided", "applied (ran)", "preemption"):
         assert legend in plan
     assert "on-demand" in instances and all(pool in instances for pool in POOLS)
@@ -109,8 +115,29 @@ def test_a_run_in_progress_shows_what_exists_so_far():
     assert "<th>Slots decided</th><td>10</td>" in html
     assert f"{log[-1]['work_done']:.4g} of {log[-1]['work_total']:.4g}" in html
     svgs = _svgs(html)
-    assert len(svgs) == 3 + len(POOLS)
-    assert "decided, not yet applied" in svgs[1]
+    assert len(svgs) == CHARTS + len(POOLS)
+    assert "decided, not yet applied" in svgs[2]
+    assert "hard deadline" in svgs[0], "a live run draws its deadlines from the log"
+    last = log[-1]
+    assert f"<th>Next decision</th><td>{last['next_decision']}</td>" in html
+    assert f"<th>Training loss</th><td>{last['training']['loss']:.4g}</td>" in html
+    assert "(decided, being applied)" in html
+
+
+def test_the_slot_table_has_a_row_per_slot_and_marks_the_preemption(finished_html):
+    table = finished_html[finished_html.index('<table class="slots">'):]
+    rows = re.findall(r"<tr( class=\"preempted\")?><td>(\d+)</td>", table)
+    assert [int(slot) for _, slot in rows] == list(range(len(sample_decision_log())))
+    assert [int(slot) for marked, slot in rows if marked] == [PREEMPTED_SLOT]
+
+
+def test_a_live_page_polls_its_view_and_a_finished_one_does_not():
+    log = sample_in_progress_log(10)
+    live = render_run_report(log, None, "run", live=LiveView("finetune/live.json", 2))
+    assert 'data-live="finetune/live.json" data-poll-seconds="2"' in live and "<script>" in live
+    assert f'data-version="{report_version(log, None)}"' in live
+    assert report_version(log, None) != report_version(sample_in_progress_log(11), None)
+    assert render_run_body(log, None, "run") in live, "the live view swaps in the same body the page was served with"
 
 
 @pytest.mark.parametrize("log", [[], None])

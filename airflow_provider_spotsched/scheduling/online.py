@@ -142,6 +142,8 @@ class SlotRecord:
     preempted_by_pool: dict[str, int] = field(default_factory=dict)  # preemptions so far, per pool
     training: dict[str, Any] | None = None  # the runtime's last report: loss, samples/s, step, world size
     next_decision: str | None = None  # wall-clock time of the next slot boundary, once known
+    deadline_hours: float | None = None  # the job's deadlines, for a live view that has no result yet
+    hard_deadline_hours: float | None = None
 
 
 class OnlineRun:
@@ -299,6 +301,8 @@ class OnlineRun:
             preemptions=int(preemptions),
             preempted_by_pool={pool: int(n) for pool, n in (preempted_by_pool or {}).items()},
             training=dict(training) if training is not None else None,
+            deadline_hours=job.deadline_hours,
+            hard_deadline_hours=job.hard_deadline_hours,
         )
         if record.plan is not None:
             record.plan.insert(0, record.allocation)

@@ -1,56 +1,92 @@
-"""One run's report page: a summary and inline-SVG charts, from the operator's two XCom values.
+"""One run's report page: summary, charts and a per-slot table, from the operator's two XComs.
 
-The page is a single self-contained HTML document (no script, no external file, no network),
-so it renders the same in the Airflow UI's API server, in a saved file and in a headless
-browser. It is built from the run's ``decision_log`` (one entry per slot) and its result (the
-operator's return value, ``None`` while the run is in progress), and knows nothing of Airflow:
-the plugin fetches the XComs and wraps this function.
+The page is one self-contained HTML document (no external file, no network), so it renders the
+same in the Airflow UI's API server, in a saved file and in a headless browser. It is built from
+the run's ``decision_log`` (one entry per slot) and its result (the operator's return value,
+``None`` while the run is in progress), and knows nothing of Airflow: the plugin fetches the
+XComs and wraps these functions.
 
-The x axis of every chart is hours since the first slot on the market's clock, so a replay on
-an accelerated clock reads the same as a real run. Charts are drawn with
-:class:`matplotlib.figure.Figure` (Agg, no pyplot state) and keep their text as SVG text, which
-the SVG writer escapes, so pool names cannot inject markup.
+A live run's page carries one small inline script: every ``poll_seconds`` it fetches the live
+view (:class:`LiveView`: the body rendered again, with :func:`report_version`) and swaps the body
+in when the version changed; it stops once the view says the run is no longer live. Without
+scripts the page is complete as served. Charts are in :mod:`.run_charts`.
 """
 
 from __future__ import annotations
 
-import io
-import math
-import threading
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 from typing import Any
 
 import numpy as np
-from matplotlib import colormaps, rc_context
-from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.typing import ColorType
 
 from airflow_provider_spotsched.market.trace import parse_timestamp
+from airflow_provider_spotsched.simulation.run_charts import (
+    RunSeries,
+    cost_against_on_demand,
+    figure_svg,
+    forecast_versus_realised,
+    instances_over_time,
+    plan_versus_actual,
+    progress_against_deadline,
+    training_over_time,
+)
 
 LOG_FIELDS = ("slot", "market_time", "market", "on_demand_price", "allocation", "work_done", "work_total",
               "cost_so_far", "on_demand_cost_so_far", "preemptions")
 RESULT_FIELDS = ("cost", "on_demand_cost", "savings", "savings_fraction", "completion_hours", "deadline_met",
                  "preemptions", "policy")
-PREEMPTION_COLOUR = "#d62728"
-# rcParams are process-wide and the API server renders pages in a thread pool: one SVG at a time
-_SVG_RC_LOCK = threading.Lock()
-ON_DEMAND_COLOUR = "#7f7f7f"
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #1f2328; background: #fff; }
-h1 { font-size: 1.4em; margin-bottom: 4px; }
+h1 { font-size: 1.4em; margin-bottom: 4px; } h2 { font-size: 1.15em; }
 .status { display: inline-block; padding: 2px 10px; border-radius: 10px; font-weight: 600; }
 .finished { background: #dafbe1; } .running { background: #fff8c5; } .missed { background: #ffebe9; }
 table.summary { border-collapse: collapse; margin: 12px 0 20px; }
 table.summary th { text-align: left; font-weight: 500; color: #59636e; padding: 3px 16px 3px 0; }
 table.summary td { padding: 3px 16px 3px 0; font-variant-numeric: tabular-nums; }
+.layout { display: grid; grid-template-columns: minmax(0, 1fr); gap: 24px; }
+@media (min-width: 1500px) { .layout { grid-template-columns: minmax(0, 3fr) minmax(420px, 2fr); } }
 figure { margin: 0 0 28px; } figcaption { font-weight: 600; margin-bottom: 4px; }
 figure svg { max-width: 100%; height: auto; }
 details { margin-bottom: 8px; } summary { cursor: pointer; }
 p.empty { padding: 12px; background: #f6f8fa; border: 1px solid #d1d9e0; }
+table.slots { border-collapse: collapse; font-size: 0.85em; font-variant-numeric: tabular-nums; }
+table.slots th, table.slots td { border-bottom: 1px solid #d1d9e0; padding: 3px 8px; text-align: right;
+  vertical-align: top; }
+table.slots th { background: #f6f8fa; position: sticky; top: 0; }
+table.slots td.text { text-align: left; } table.slots tr.preempted td { background: #ffebe9; }
 """
+
+LIVE_SCRIPT = """
+(function () {
+  var body = document.getElementById("report");
+  var every = 1000 * Number(body.dataset.pollSeconds);
+  function poll() {
+    fetch(body.dataset.live, {credentials: "same-origin", cache: "no-store"})
+      .then(function (r) { if (!r.ok) { throw new Error(r.status); } return r.json(); })
+      .then(function (view) {
+        body.dataset.polls = String(Number(body.dataset.polls || 0) + 1);
+        if (view.version !== body.dataset.version) { body.innerHTML = view.html; body.dataset.version = view.version; }
+        if (view.live) { setTimeout(poll, every); } else { body.dataset.stopped = "true"; }
+      })
+      .catch(function () { setTimeout(poll, 2 * every); });
+  }
+  setTimeout(poll, every);
+})();
+"""
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """Where a live run's page polls for its redrawn body, and how often."""
+
+    url: str
+    poll_seconds: float
 
 
 def render_run_report(
@@ -59,28 +95,60 @@ def render_run_report(
     title: str,
     *,
     data_url: str | None = None,
+    live: LiveView | None = None,
+    not_a_run: str | None = None,
 ) -> str:
     """The HTML page for one run; ``result`` is ``None`` while the run is in progress.
 
     :param data_url: where the raw log and result are served, linked from the page if given.
+    :param live: the run is live: the page polls this view until it says otherwise.
+    :param not_a_run: why the page has no run to show (a task of another operator).
     :raises ValueError: a log entry or the result lacks a field or holds a wrong type.
     """
+    body = render_run_body(decision_log, result, title, data_url=data_url, not_a_run=not_a_run)
+    attributes = f' data-version="{report_version(decision_log, result)}"'
+    script = ""
+    if live is not None:
+        attributes += (f' data-live="{escape(live.url, quote=True)}" data-poll-seconds="{live.poll_seconds:g}"'
+                       ' data-polls="0"')
+        script = f"<script>{LIVE_SCRIPT}</script>"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{STYLE}</style></head>\n<body>\n"
+        f'<div id="report"{attributes}>\n{body}\n</div>\n{script}'
+        "\n</body></html>\n"
+    )
+
+
+def render_run_body(
+    decision_log: Sequence[Mapping[str, Any]] | None,
+    result: Mapping[str, Any] | None,
+    title: str,
+    *,
+    data_url: str | None = None,
+    not_a_run: str | None = None,
+) -> str:
+    """The page's body (what the live view swaps in): summary, charts and the slot table."""
     log = check_decision_log(decision_log)
     checked = check_result(result)
     parts = [f"<h1>{escape(title)}</h1>", _summary(log, checked)]
     if data_url:
         parts.append(f'<p><a href="{escape(data_url, quote=True)}">Raw decision log and result (JSON)</a></p>')
     if not log:
-        parts.append('<p class="empty">No decision has been recorded for this run yet: the task pushes its '
+        parts.append(f'<p class="empty">{escape(not_a_run)}</p>' if not_a_run else
+                     '<p class="empty">No decision has been recorded for this run yet: the task pushes its '
                      "decision log (XCom key <code>decision_log</code>) once it has decided its first slot.</p>")
     else:
-        parts.extend(_charts(RunSeries(log), checked))
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{escape(title)}</title><style>{STYLE}</style></head>\n<body>\n"
-        + "\n".join(parts)
-        + "\n</body></html>\n"
-    )
+        series = RunSeries(log)
+        parts.append('<div class="layout"><div>' + "\n".join(_charts(series, checked)) + "</div>"
+                     f"<div><h2>Slot by slot</h2>{_slot_table(series)}</div></div>")
+    return "\n".join(parts)
+
+
+def report_version(decision_log: Sequence[Mapping[str, Any]] | None, result: Mapping[str, Any] | None) -> str:
+    """A short digest of what the page shows: it changes whenever the log or the result does."""
+    text = json.dumps([decision_log, result], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def check_decision_log(decision_log: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]]:
@@ -133,58 +201,6 @@ def _is_allocation(value: Any) -> bool:
     return isinstance(value, Mapping) and isinstance(value.get("spot"), Mapping) and _is_number(value.get("on_demand"))
 
 
-class RunSeries:
-    """The log as per-slot arrays on the hours-since-first-slot axis (NaN where unknown)."""
-
-    def __init__(self, log: Sequence[Mapping[str, Any]]) -> None:
-        self.log = log
-        times = [parse_timestamp(str(entry["market_time"])) for entry in log]
-        self.hours = np.array([(t - times[0]).total_seconds() / 3600 for t in times])
-        steps = np.diff(self.hours)
-        self.slot_hours = float(np.median(steps)) if len(steps) and np.median(steps) > 0 else 1.0
-        applied_spot = [(entry.get("applied") or {"spot": {}})["spot"] for entry in log]
-        self.pools = list(dict.fromkeys(
-            pool for entry, spot in zip(log, applied_spot)
-            for pool in [*entry["market"], *entry["allocation"]["spot"], *spot]
-        ))
-        self.preempted = np.diff(np.array([0] + [entry["preemptions"] for entry in log], dtype=float))
-
-    def totals(self, key: str) -> np.ndarray:
-        """Instances per slot of the ``allocation`` or ``applied`` field (NaN where absent)."""
-        return np.array([_count(entry.get(key)) for entry in self.log])
-
-    def spot(self, pool: str) -> np.ndarray:
-        return np.array([entry["applied"]["spot"].get(pool, 0) if entry.get("applied") else np.nan
-                         for entry in self.log], dtype=float)
-
-    def on_demand(self) -> np.ndarray:
-        return np.array([entry["applied"]["on_demand"] if entry.get("applied") else np.nan for entry in self.log],
-                        dtype=float)
-
-    def field(self, name: str) -> np.ndarray:
-        return np.array([entry[name] for entry in self.log], dtype=float)
-
-    def market(self, pool: str, name: str) -> np.ndarray:
-        return np.array([entry["market"].get(pool, {}).get(name, np.nan) for entry in self.log], dtype=float)
-
-    def one_slot_ahead(self, pool: str, name: str) -> np.ndarray:
-        """What the previous slot's forecast said for each slot (NaN for the first slot)."""
-        values = [np.nan]
-        for entry in self.log[:-1]:
-            series = ((entry.get("forecast") or {}).get(pool) or {}).get(name) or []
-            values.append(series[0] if series else np.nan)
-        return np.array(values, dtype=float)
-
-    def preemption_hours(self) -> np.ndarray:
-        return self.hours[self.preempted > 0]
-
-
-def _count(allocation: Mapping[str, Any] | None) -> float:
-    if allocation is None:
-        return math.nan
-    return float(sum(allocation["spot"].values()) + allocation["on_demand"])
-
-
 def _summary(log: Sequence[Mapping[str, Any]], result: Mapping[str, Any] | None) -> str:
     """The status line and the table of headline figures (final if finished, so far if not)."""
     rows: list[tuple[str, str]] = []
@@ -219,9 +235,19 @@ def _summary(log: Sequence[Mapping[str, Any]], result: Mapping[str, Any] | None)
             ("On-demand cost so far", _usd(last["on_demand_cost_so_far"])),
             ("Work done", f"{done:.4g} of {total:.4g} ({100 * done / total if total else 0:.1f} %)"),
             ("Preemptions so far", str(int(last["preemptions"]))),
+            ("Running now", escape(describe_allocation(last.get("applied") or last["allocation"]))
+             + ("" if last.get("applied") else " (decided, being applied)")),
             ("Slots decided", str(len(log))),
             ("Last decision", escape(str(last.get("time") or last["market_time"]))),
         ]
+        if last.get("next_decision"):
+            rows.append(("Next decision", escape(str(last["next_decision"]))))
+        training = last.get("training") or {}
+        if training.get("loss") is not None:
+            rows.append(("Training loss", f"{float(training['loss']):.4g}"))
+        if training.get("samples_per_second"):
+            rows.append(("Measured throughput", f"{float(training['samples_per_second']):.4g} samples/s on "
+                         f"{int(training.get('world_size') or 0)} worker(s)"))
     table = "".join(f"<tr><th>{label}</th><td>{value}</td></tr>" for label, value in rows)
     return f"<p>{status}</p><table class=\"summary\">{table}</table>"
 
@@ -231,11 +257,13 @@ def _usd(value: Any) -> str:
 
 
 def _charts(series: RunSeries, result: Mapping[str, Any] | None) -> list[str]:
-    """The four charts as ``<figure>`` elements; forecasts get one collapsible figure per pool."""
+    """The charts as ``<figure>`` elements; forecasts get one collapsible figure per pool."""
     parts = [
+        _figure("Progress against the deadline", progress_against_deadline(series, result)),
         _figure("Plan versus actual: instances per slot", plan_versus_actual(series)),
         _figure("Spot and on-demand instances over time", instances_over_time(series)),
         _figure("Cost accumulated against the on-demand line", cost_against_on_demand(series, result)),
+        _figure("Training: loss and measured throughput", training_over_time(series)),
         "<h2>Forecast versus realised price and availability</h2>",
     ]
     for i, pool in enumerate(series.pools):
@@ -249,125 +277,33 @@ def _figure(caption: str, figure: Figure) -> str:
     return f"<figure><figcaption>{escape(caption)}</figcaption>{figure_svg(figure)}</figure>"
 
 
-def figure_svg(figure: Figure) -> str:
-    """The figure as an ``<svg>`` element to inline in HTML (no XML prolog, text kept as text)."""
-    buffer = io.StringIO()
-    with _SVG_RC_LOCK, rc_context({"svg.fonttype": "none"}):
-        figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
-    text = buffer.getvalue()
-    return text[text.index("<svg"):]
+def _slot_table(series: RunSeries) -> str:
+    """One row per slot: when, the market of the pools in play, the decision, what ran, the money."""
+    start = parse_timestamp(str(series.log[0]["market_time"]))
+    head = ("<tr><th>slot</th><th>h</th><th>decided</th><th>ran</th><th>market (USD/h, available)</th>"
+            "<th>work done</th><th>cost so far</th><th>preempt.</th></tr>")
+    rows = []
+    for entry, preempted in zip(series.log, series.preempted):
+        hours = (parse_timestamp(str(entry["market_time"])) - start).total_seconds() / 3600
+        in_play = {*entry["allocation"]["spot"], *((entry.get("applied") or {}).get("spot") or {})}
+        market = "<br>".join(
+            f"{escape(pool)} {float(entry['market'][pool]['spot_price']):.3g}, {int(entry['market'][pool]['available'])}"
+            for pool in sorted(in_play) if pool in entry["market"])
+        ran = describe_allocation(entry["applied"]) if entry.get("applied") else "(pending)"
+        row_class = ' class="preempted"' if preempted > 0 else ""
+        rows.append(
+            f"<tr{row_class}><td>{int(entry['slot'])}</td><td>{hours:.1f}</td>"
+            f'<td class="text">{escape(describe_allocation(entry["allocation"]))}</td><td class="text">{escape(ran)}</td>'
+            f'<td class="text">{market or "-"}</td><td>{float(entry["work_done"]):.4g}</td>'
+            f"<td>{float(entry['cost_so_far']):,.2f}</td><td>{int(entry['preemptions'])}</td></tr>")
+    return f'<table class="slots">{head}{"".join(rows)}</table>'
 
 
-def _steps(ax: Axes, series: RunSeries, values: np.ndarray, **style: Any) -> None:
-    """A per-slot value as a step line covering each slot [start, start + slot)."""
-    hours = np.append(series.hours, series.hours[-1] + series.slot_hours)
-    ax.step(hours, np.append(values, values[-1]), where="post", **style)
-
-
-def _mark_preemptions(ax: Axes, series: RunSeries) -> None:
-    for n, hour in enumerate(series.preemption_hours()):
-        ax.axvline(hour, color=PREEMPTION_COLOUR, linestyle="--", linewidth=1.2,
-                   label="preemption" if n == 0 else None)
-
-
-def _finish(ax: Axes, ylabel: str) -> None:
-    ax.set_xlabel("hours since the first slot (market clock)")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-
-
-def plan_versus_actual(series: RunSeries) -> Figure:
-    """The first plan, the plan one slot ahead, the decision and what actually ran, per slot."""
-    figure = Figure(figsize=(10, 3.6))
-    ax = figure.subplots()
-    first_at = next((i for i, entry in enumerate(series.log) if entry.get("plan")), None)
-    if first_at is not None:
-        first, start = series.log[first_at], series.hours[first_at]
-        planned = np.array([_count(step) for step in first["plan"]])
-        hours = start + series.slot_hours * np.arange(len(planned) + 1)
-        ax.step(hours, np.append(planned, planned[-1]), where="post", color="#9467bd", linestyle=":",
-                linewidth=2, label=f"first plan (slot {first['slot']})")
-    ahead = [np.nan] + [_count(entry["plan"][1]) if entry.get("plan") and len(entry["plan"]) > 1 else np.nan
-                        for entry in series.log[:-1]]
-    _steps(ax, series, np.array(ahead), color="#ff7f0e", linestyle="-.", label="planned one slot ahead")
-    _steps(ax, series, series.totals("allocation"), color="#1f77b4", linestyle="--", label="decided")
-    _steps(ax, series, series.totals("applied"), color="#2ca02c", linewidth=2, label="applied (ran)")
-    _mark_preemptions(ax, series)
-    ax.set_ylim(bottom=0)
-    _finish(ax, "instances")
-    return figure
-
-
-def instances_over_time(series: RunSeries) -> Figure:
-    """The applied allocation per slot: spot stacked per pool, on-demand on top."""
-    figure = Figure(figsize=(10, 3.6))
-    ax = figure.subplots()
-    bottom = np.zeros(len(series.log))
-    colours = colormaps["tab20"]
-    # (label, per-slot values, colour, hatch): the on-demand layer alone has a hatch
-    layers: list[tuple[str, np.ndarray, ColorType, str | None]] = [
-        (pool, series.spot(pool), colours(i % 20), None) for i, pool in enumerate(series.pools)]
-    layers.append(("on-demand", series.on_demand(), ON_DEMAND_COLOUR, "//"))
-    for label, values, colour, hatch in layers:
-        ax.bar(series.hours, np.nan_to_num(values), width=series.slot_hours, bottom=bottom, align="edge",
-               color=colour, hatch=hatch, edgecolor="white", linewidth=0.5, label=label)
-        bottom += np.nan_to_num(values)
-    pending = series.hours[np.isnan(series.on_demand())]
-    if len(pending):
-        ax.scatter(pending + series.slot_hours / 2, np.zeros(len(pending)), marker="^", color="black",
-                   label="decided, not yet applied")
-    _mark_preemptions(ax, series)
-    _finish(ax, "instances running")
-    return figure
-
-
-def cost_against_on_demand(series: RunSeries, result: Mapping[str, Any] | None) -> Figure:
-    """Cost so far at each slot start against N_max on-demand's, ending at completion if finished."""
-    figure = Figure(figsize=(10, 3.6))
-    ax = figure.subplots()
-    hours, cost, on_demand = series.hours, series.field("cost_so_far"), series.field("on_demand_cost_so_far")
-    if result is not None and result.get("completion_hours") is not None:
-        hours = np.append(hours, float(result["completion_hours"]))
-        cost = np.append(cost, float(result["cost"]))
-        on_demand = np.append(on_demand, float(result["on_demand_cost"]))
-    ax.plot(hours, on_demand, color=ON_DEMAND_COLOUR, linestyle="--", label="N_max on-demand")
-    ax.plot(hours, cost, color="#1f77b4", marker=".", label="this run")
-    preempted = series.preempted > 0
-    ax.scatter(series.hours[preempted], series.field("cost_so_far")[preempted], marker="x", s=80,
-               color=PREEMPTION_COLOUR, zorder=3, label="preemption")
-    if result is not None and result.get("deadline_hours") is not None:
-        ax.axvline(float(result["deadline_hours"]), color="black", linestyle=":", label="deadline")
-    ax.set_ylim(bottom=0)
-    _finish(ax, "USD accumulated")
-    return figure
-
-
-def forecast_versus_realised(series: RunSeries, pool: str) -> Figure:
-    """Realised spot price and availability of one pool against the logged forecasts."""
-    figure = Figure(figsize=(10, 3.2))
-    axes = figure.subplots(1, 2)
-    first_at = next((i for i, entry in enumerate(series.log) if (entry.get("forecast") or {}).get(pool)), None)
-    for ax, name, ylabel in ((axes[0], "spot_price", "USD per instance-hour"), (axes[1], "available", "instances")):
-        realised = series.market(pool, name)
-        ahead = series.one_slot_ahead(pool, name)
-        ax.plot(series.hours, realised, color="black", marker=".", label="realised")
-        ax.plot(series.hours, ahead, color="#ff7f0e", linestyle="--", label="forecast one slot ahead")
-        if first_at is not None:
-            first = series.log[first_at]
-            values = first["forecast"][pool][name]
-            ax.plot(series.hours[first_at] + series.slot_hours * np.arange(1, len(values) + 1), values,
-                    color="#9467bd", linestyle=":", label=f"forecast at slot {first['slot']}")
-        if name == "spot_price":
-            ax.plot(series.hours, series.field("on_demand_price"), color=ON_DEMAND_COLOUR, linewidth=1,
-                    label="on-demand price")
-        errors = np.abs(ahead - realised)
-        known = errors[~np.isnan(errors)]
-        error_text = f", one-slot-ahead MAE {known.mean():.3g}" if len(known) else ""
-        ax.set_title(f"{'spot price' if name == 'spot_price' else 'availability'}{error_text}", fontsize="medium")
-        ax.set_xlabel("hours since the first slot")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
-    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    return figure
+def describe_allocation(allocation: Mapping[str, Any] | None) -> str:
+    """``2 us-east4-a + 1 on-demand``; ``idle`` for nothing."""
+    if not allocation:
+        return "idle"
+    parts = [f"{int(n)} {pool}" for pool, n in allocation["spot"].items() if n]
+    if allocation["on_demand"]:
+        parts.append(f"{int(allocation['on_demand'])} on-demand")
+    return " + ".join(parts) or "idle"
