@@ -135,7 +135,7 @@ def serve_reports(db: ReportDb) -> Iterator[object]:
     from airflow.api_fastapi import app as api_app
     from fastapi import FastAPI
 
-    from airflow_provider_spotsched.plugins.app import SpotschedPlugin
+    from airflow_provider_spotsched.plugins.report import SpotschedPlugin
 
     patch = pytest.MonkeyPatch()
     previous_auth_manager = api_app._AuthManagerState.instance

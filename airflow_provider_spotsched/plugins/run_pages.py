@@ -1,7 +1,7 @@
 """One run's report: the page (a tab of the task instance), its data and its live view.
 
 Every route needs read access to the DAG's XComs (Airflow's ``requires_access_dag(GET, XCOM)``,
-see :mod:`.app`). The XComs are read straight from the metadata database, the way the core API's
+see :mod:`.report`). The XComs are read straight from the metadata database, the way the core API's
 XCom routes do, with the task instance's state (whether the run is still live).
 
 Routes (``map_index`` is an optional query parameter for mapped tasks):
