@@ -86,6 +86,7 @@ class BrowserPage:
 
     def __enter__(self) -> BrowserPage:
         self.profile.mkdir(parents=True, exist_ok=True)
+        (self.profile / "DevToolsActivePort").unlink(missing_ok=True)  # a reused profile's port is stale
         self._resources = ExitStack()
         self._log = self._resources.enter_context((self.profile / "chromium.log").open("w"))
         self._process = subprocess.Popen(

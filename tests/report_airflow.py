@@ -6,20 +6,26 @@ result. :func:`serve_reports` then points this process's Airflow at that databas
 the plugin's app on a host app the way the API server does (plugin app under its prefix, the
 auth manager initialised), restoring the previous configuration afterwards: other test modules
 in the same worker may have imported Airflow with a configuration of their own.
+:func:`serve_api` instead starts the real ``airflow api-server`` on the database, in a
+subprocess, for tests that need the UI itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from filelock import FileLock
 
@@ -163,3 +169,56 @@ def token(role: str | None, username: str = "viewer") -> str:
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
     return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=username, role=role))
+
+
+API_START_SECONDS = 180
+
+
+@dataclass(frozen=True)
+class ServedApi:
+    """A real ``airflow api-server`` on ``url``, and a viewer's token it accepts."""
+
+    url: str
+    token: str
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.url + path, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
+
+
+@contextmanager
+def serve_api(db: ReportDb, user: str = "viewer") -> Iterator[ServedApi]:
+    """Airflow's API server (UI, REST API, plugins) on ``db``, on a free local port, stopped after."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, **db.env, "PATH": f"{AIRFLOW.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "AIRFLOW__API__BASE_URL": url}
+    log_path = db.home / f"api-server-{port}.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen([str(AIRFLOW), "api-server", "--host", "127.0.0.1", "--port", str(port)],
+                                  env=env, cwd=db.home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + API_START_SECONDS
+        while not _answers(url + "/api/v2/monitor/health"):
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"airflow api-server did not start:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        password = json.loads((db.home / "passwords.json").read_text())[user]
+        reply = httpx.post(url + "/auth/token", json={"username": user, "password": password}, timeout=60)
+        assert reply.status_code in (200, 201), reply.text
+        yield ServedApi(url, reply.json()["access_token"])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -29,6 +29,7 @@ from airflow.models.taskinstance import TaskInstance
 from airflow.models.xcom import XComModel
 from fastapi import APIRouter, Depends, HTTPException, Query, status
 from fastapi.responses import HTMLResponse
+from pydantic import BeforeValidator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -49,7 +50,14 @@ ENDED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "re
 
 # map_index is a 32-bit INTEGER column: a larger number cannot name a task and overflows the query
 MAX_MAP_INDEX = 2**31 - 1
-MapIndex = Annotated[int, Query(ge=-1, le=MAX_MAP_INDEX, description="the mapped task's index; -1 for an unmapped task")]
+# The UI's task-instance tab fills {MAP_INDEX} in the view's link only for a mapped task: the
+# placeholder left as it is names the unmapped task instance.
+UNFILLED_MAP_INDEX = "{MAP_INDEX}"
+MapIndex = Annotated[
+    int,
+    BeforeValidator(lambda value: -1 if value == UNFILLED_MAP_INDEX else value),
+    Query(ge=-1, le=MAX_MAP_INDEX, description="the mapped task's index; -1 for an unmapped task"),
+]
 PollSeconds = Annotated[float, Query(ge=1, le=3600, description="seconds between the live page's polls")]
 REPORT_ROUTE = "/runs/{dag_id}/{run_id}/{task_id}"
 
