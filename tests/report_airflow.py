@@ -186,25 +186,26 @@ class ServedApi:
 
 
 @contextmanager
-def serve_api(db: ReportDb, user: str = "viewer") -> Iterator[ServedApi]:
-    """Airflow's API server (UI, REST API, plugins) on ``db``, on a free local port, stopped after."""
+def serve_api(home: Path, env: dict[str, str], user: str = "viewer") -> Iterator[ServedApi]:
+    """Airflow's API server (UI, REST API, plugins) on the deployment ``env`` selects, on a free
+    local port, stopped after; ``user``'s password is in the SimpleAuthManager's passwords file."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, **db.env, "PATH": f"{AIRFLOW.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    env = {**os.environ, **env, "PATH": f"{AIRFLOW.parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "AIRFLOW__API__BASE_URL": url}
-    log_path = db.home / f"api-server-{port}.log"
+    log_path = home / f"api-server-{port}.log"
     with log_path.open("w") as log:
         server = subprocess.Popen([str(AIRFLOW), "api-server", "--host", "127.0.0.1", "--port", str(port)],
-                                  env=env, cwd=db.home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                  env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + API_START_SECONDS
         while not _answers(url + "/api/v2/monitor/health"):
             if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"airflow api-server did not start:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"airflow api-server did not start:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.5)
-        password = json.loads((db.home / "passwords.json").read_text())[user]
+        password = json.loads(Path(env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]).read_text())[user]
         reply = httpx.post(url + "/auth/token", json={"username": user, "password": password}, timeout=60)
         assert reply.status_code in (200, 201), reply.text
         yield ServedApi(url, reply.json()["access_token"])

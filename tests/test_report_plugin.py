@@ -199,3 +199,18 @@ def test_the_link_the_worker_stored_leads_to_the_report(client, run_id):
     assert link == run_report_path(DAG_ID, run_id, FINISHED_TASK)  # no [api] base_url: root-relative
     response = client.get(link, headers=_bearer())
     assert response.status_code == 200 and "finished, deadline met" in response.text
+
+
+def test_the_tabs_unfilled_map_index_placeholder_names_the_unmapped_task(client, run_id):
+    """The UI fills {MAP_INDEX} in the tab's link only for a mapped task instance."""
+    response = client.get(_report(run_id) + "?map_index={MAP_INDEX}", headers=_bearer())
+    assert response.status_code == 200, response.text
+    assert response.text == client.get(_report(run_id), headers=_bearer()).text
+
+
+def test_the_live_view_is_the_report_body_with_its_version(client, run_id):
+    view = client.get(f"{_report(run_id)}/live.json", headers=_bearer()).json()
+    assert view["state"] == "success" and view["live"] is False and view["slots"] == len(sample_decision_log())
+    page = client.get(_report(run_id), headers=_bearer()).text
+    assert view["html"] in page and f'data-version="{view["version"]}"' in page
+    assert "data-live=" not in page, "a task that ended is not polled"

@@ -61,7 +61,7 @@ def db_copy(tmp_path_factory) -> ReportDb:
 
 @pytest.fixture(scope="module")
 def api(db_copy) -> Iterator[ServedApi]:
-    with serve_api(db_copy) as served:
+    with serve_api(db_copy.home, db_copy.env) as served:
         yield served
 
 
