@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 EXTRAS := amazon,google,openlineage,train,dev
 
-.PHONY: install demo demo-evaluate ui test lint chaos evaluate forecast-backtest bench constraints clean
+.PHONY: install demo demo-evaluate screenshots ui test lint chaos evaluate forecast-backtest bench constraints clean
 
 install: $(INSTALLED)
 
@@ -34,6 +34,14 @@ ui: $(INSTALLED)
 	mkdir -p $(DEMO_HOME)
 	$(DEMO_ENV) $(BIN)/airflow db migrate > $(DEMO_HOME)/migrate.log
 	PATH=$(CURDIR)/$(BIN):$$PATH $(DEMO_ENV) $(BIN)/airflow standalone
+
+# docs/images/ from the demo's own runs: SCREENSHOT_RUNS demo runs (the fleet view shows them
+# all), then the report page, its tab in the Airflow UI and the fleet view, captured in Chromium.
+SCREENSHOT_RUNS ?= 3
+screenshots: $(INSTALLED)
+	scripts/ensure-chromium
+	for run in $$(seq $(SCREENSHOT_RUNS)); do $(MAKE) --no-print-directory demo > /dev/null || exit 1; done
+	$(BIN)/python scripts/screenshots.py --home $(DEMO_HOME) --out docs/images
 
 # A short evaluation of the policies on both shipped traces.
 demo-evaluate: $(INSTALLED)
