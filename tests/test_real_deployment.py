@@ -44,6 +44,7 @@ class DemoRun:
     state: str
     seconds: float
     samples: list[dict[str, Any]]  # the fine_tune task instance, one REST answer per poll
+    live_views: list[dict[str, Any]]  # its report's live view as the page polls it (state, live, slots)
     components: dict[str, dict[str, Any]]  # each component's command line and PATH, read while running
 
     @property
@@ -76,13 +77,17 @@ def run_demo(deployment: Deployment) -> DemoRun:
     components = running_components(deployment)
     started = time.monotonic()
     run_id = deployment.api("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None})["dag_run_id"]
-    run = DemoRun(deployment, run_id, "queued", 0.0, [], components)
+    run = DemoRun(deployment, run_id, "queued", 0.0, [], [], components)
+    live_path = f"/spotsched/runs/{DAG_ID}/{quote(run_id, safe='')}/{TASK_ID}/live.json"
     while True:
         deployment.assert_running()
         run.state = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}")["state"]
         answer = deployment.request("GET", f"/api/v2{run.ti_path}")
         if answer.status_code == 200:
             run.samples.append({"t": time.monotonic() - started, **answer.json()})
+            view = deployment.request("GET", live_path, user="viewer")
+            if view.status_code == 200:
+                run.live_views.append({key: view.json()[key] for key in ("state", "live", "slots", "version")})
         run.seconds = time.monotonic() - started
         if run.state in ("success", "failed") or run.seconds > RUN_TIMEOUT_S:
             return run
@@ -161,6 +166,18 @@ def test_the_report_link_opens_the_page_for_a_viewer_and_401_without_a_token(dem
     assert "finished, deadline met" in page.text and "<svg" in page.text, demo.why(page.text[:2000])
     anonymous = demo.deployment.request("GET", path, user=None)
     assert anonymous.status_code == 401, f"without a token: {anonymous.status_code} {anonymous.text[:300]}"
+
+
+def test_the_report_is_live_while_the_task_runs_and_final_after(demo: DemoRun) -> None:
+    """The live view the report page polls, as the real operator pushes its log slot by slot."""
+    assert demo.state == "success", demo.why("the demo run did not succeed")
+    live = [view for view in demo.live_views if view["live"]]
+    assert {view["state"] for view in live} >= {"deferred"}, demo.why(f"live views: {demo.live_views}")
+    assert len({view["slots"] for view in live}) >= 2 and len({view["version"] for view in live}) >= 2, (
+        demo.why(f"the live view did not move between polls: {demo.live_views}"))
+    final = demo.deployment.request("GET", f"/spotsched/runs/{DAG_ID}/{quote(demo.run_id, safe='')}/{TASK_ID}/live.json",
+                                    user="viewer").json()
+    assert final["state"] == "success" and final["live"] is False and "finished, deadline met" in final["html"]
 
 
 def test_the_components_run_as_make_ui_starts_them(demo: DemoRun) -> None:
