@@ -549,7 +549,7 @@ figure { margin: 0 0 24px; } figcaption { font-weight: 600; margin-bottom: 4px; 
 figure svg { max-width: 100%; height: auto; }
 p.empty { padding: 12px; background: #f6f8fa; border: 1px solid #d1d9e0; }
 table.runs { border-collapse: collapse; font-size: 0.85em; font-variant-numeric: tabular-nums; margin-bottom: 12px; }
-table.runs th, table.runs td { border-bottom: 1px solid #d1d9e0; padding: 3px 8px; text-align: right; vertical-align: top;
+table.runs th, table.runs td { border-bottom: 1px solid #d1d9e0; padding: 3px 6px; text-align: right; vertical-align: top;
   white-space: nowrap; }
 div.scroll { overflow-x: auto; }
 table.runs th { background: #f6f8fa; } table.runs td.text, table.runs th.text { text-align: left; }
