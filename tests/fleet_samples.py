@@ -47,22 +47,23 @@ MEMBERS = ("chc(window=24,commit=1,forecaster=persistence)", "prediction-free(pr
 CONTEXTS = ("n_max=4,slack=1.5,overhead=15min,slot=1h", "n_max=8,slack=1.25,overhead=15min,slot=1h")
 
 
-def selector_document(job_ids: list[str], rounds: int = 6) -> dict[str, Any]:
+def selector_document(job_ids: list[str], rounds: int = 6, contexts: tuple[str, ...] = CONTEXTS,
+                      members: tuple[str, ...] = MEMBERS) -> dict[str, Any]:
     """A selector Variable's document with ``rounds`` rounds per kind of job, weights by Hedge.
 
     The rounds' job ids are ``job_ids`` in turn (they name the DAGs the runs ran in, which the
     dashboard must not show); ``selector`` is a stand-in, the dashboard reads only ``history``.
     """
     history = []
-    for c, context in enumerate(CONTEXTS):
-        losses = [0.0] * len(MEMBERS)
+    for c, context in enumerate(contexts):
+        losses = [0.0] * len(members)
         for r in range(1, rounds + 1):
-            for m in range(len(MEMBERS)):
+            for m in range(len(members)):
                 losses[m] += ((m + c + r) % 3) / 3
-            weights = [math.exp(-0.8 * loss) for loss in losses]
+            weights = [math.exp(-0.8 * loss / math.sqrt(r)) for loss in losses]
             total = sum(weights)
             history.append({"job_id": job_ids[(c * rounds + r) % len(job_ids)], "context": context, "round": r,
-                            "member": MEMBERS[(r + c) % len(MEMBERS)],
-                            "weights": {member: w / total for member, w in zip(MEMBERS, weights)}})
+                            "member": members[(r + c) % len(members)],
+                            "weights": {member: w / total for member, w in zip(members, weights)}})
     return {"selector": {"version": 1}, "runs": sorted(set(job_ids)), "history": history,
-            "last_round": {"job_id": job_ids[-1], "member": MEMBERS[0], "utility": 1.0, "losses": {}}}
+            "last_round": {"job_id": job_ids[-1], "member": members[0], "utility": 1.0, "losses": {}}}

@@ -315,3 +315,38 @@ def test_more_kinds_of_job_than_charts_are_listed():
                             for k in range(MAX_SELECTOR_CHARTS + 3)]}
     html = render_fleet_page(summarise([]), selector_view("v", json.dumps(document)), FleetFilters([]))
     assert len(SVG.findall(html)) == MAX_SELECTOR_CHARTS and "3 more kind(s) of job" in html
+
+
+def test_every_kind_of_job_is_tabled_with_its_leading_member():
+    document = selector_document(["j"], rounds=3)
+    view = selector_view("v", json.dumps(document))
+    html = render_fleet_page(summarise([]), view, FleetFilters(["a"]))
+    for kind in view["contexts"]:
+        last = {m: w[-1] for m, w in kind["weights"].items()}
+        leader = max(last, key=last.get)
+        assert (f'<tr><td class="text">{kind["context"]}</td><td>3</td><td class="text">{leader}</td>'
+                f"<td>{last[leader]:.2f}</td></tr>") in html
+
+
+def test_drawn_charts_are_reused_while_their_data_is_unchanged(monkeypatch):
+    from airflow_provider_spotsched.simulation import fleet
+
+    drawn = []
+    original = fleet.figure_svg
+
+    def counting(figure):
+        drawn.append(figure)
+        return original(figure)
+
+    monkeypatch.setattr(fleet, "figure_svg", counting)
+    fleet.clear_chart_cache()
+    runs = [finished(i) for i in range(3)]
+    selector = selector_view("v", json.dumps(selector_document(["j"])))
+    first = render_fleet_page(summarise(runs), selector, FleetFilters(["dag_a"]))
+    assert len(drawn) == 2 + len(CONTEXTS)
+    assert render_fleet_page(summarise(runs), selector, FleetFilters(["dag_a"])) == first
+    assert len(drawn) == 2 + len(CONTEXTS)  # nothing drawn again
+    render_fleet_page(summarise(runs + [finished(3)]), selector, FleetFilters(["dag_a"]))
+    assert len(drawn) == 2 + len(CONTEXTS) + 2  # the savings and preemption charts changed, the selector's did not
+    fleet.clear_chart_cache()
+    assert render_fleet_page(summarise(runs), selector, FleetFilters(["dag_a"])) == first  # drawn alike afresh

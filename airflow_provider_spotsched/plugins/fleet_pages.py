@@ -42,12 +42,12 @@ from airflow.models.variable import Variable
 from airflow.models.xcom import XComModel
 from airflow.sdk import conf
 from fastapi import APIRouter, HTTPException, Query, status
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import and_, select, tuple_
 from sqlalchemy.orm import Session
 
 from airflow_provider_spotsched.config import CONFIG, SECTION
-from airflow_provider_spotsched.links.report import run_report_url
+from airflow_provider_spotsched.links.report import run_report_path
 from airflow_provider_spotsched.simulation.fleet import (
     ENDED_STATES,
     FleetFilters,
@@ -103,8 +103,9 @@ class FleetView:
 
     def as_json(self) -> dict[str, Any]:
         summary = dict(self.summary)
+        base_url = (conf.get("api", "base_url", fallback="") or "").strip().rstrip("/")  # as run_report_url, read once
         summary["recent_runs"] = [
-            {**row, "report": run_report_url(row["dag_id"], row["run_id"], row["task_id"], row["map_index"])}
+            {**row, "report": base_url + run_report_path(row["dag_id"], row["run_id"], row["task_id"], row["map_index"])}
             for row in summary["recent_runs"]]
         return {
             "filters": {"dag_ids": self.requested, "since": _iso(self.since), "until": _iso(self.until)},
@@ -126,11 +127,15 @@ def fleet_page(user: GetUserDep, session: SessionDep, dag_id: DagIdQuery = None,
     return HTMLResponse(page)
 
 
-@router.get(FLEET_ROUTE + "/data.json")
+@router.get(FLEET_ROUTE + "/data.json", response_class=JSONResponse)
 def fleet_data(user: GetUserDep, session: SessionDep, dag_id: DagIdQuery = None, since: BoundQuery = None,
-               until: BoundQuery = None) -> dict[str, Any]:
-    """The dashboard's summary as JSON (each recent run with its report's URL)."""
-    return FleetView(user, session, dag_id, since, until).as_json()
+               until: BoundQuery = None) -> JSONResponse:
+    """The dashboard's summary as JSON (each recent run with its report's URL).
+
+    Already JSON-ready, so it is encoded directly rather than walked by FastAPI's encoder (a
+    tenth of a second for a selector history of a thousand rounds).
+    """
+    return JSONResponse(FleetView(user, session, dag_id, since, until).as_json())
 
 
 def readable_spot_dags(auth: Any, user: Any, session: Session) -> list[str]:

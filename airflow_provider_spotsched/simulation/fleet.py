@@ -19,12 +19,14 @@ the deadline, the hard deadline's outcome unknown: an old result).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import math
 import re
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections import Counter, OrderedDict, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 from html import escape
@@ -42,7 +44,9 @@ ENDED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "re
 OUTCOMES = ("met", "soft_miss", "hard_miss", "missed")
 KEYS_ADDED_LATER = ("hard_deadline_met", "preemptions_by_pool", "budget")
 RECENT_RUNS = 50  # rows of the page's table of the most recent runs
-MAX_SELECTOR_CHARTS = 8  # kinds of job whose weights are drawn; the others are listed
+MAX_SELECTOR_CHARTS = 4  # kinds of job whose weights are drawn (the most recently learnt); all are tabled
+MARKED_ROUNDS = 40  # up to this many rounds a weight chart marks every round's point
+SVG_CACHE_SIZE = 32  # drawn charts kept, by what they draw: an unchanged fleet is not drawn again
 PER_RUN_POINTS = 500  # up to this many finished runs the savings chart has a point per run
 HOURLY_SPAN = timedelta(days=14)  # above PER_RUN_POINTS runs: hourly points over this span, else daily
 # a pool named like a zone: GCP ``us-east4-a`` (region ``us-east4``), AWS ``us-east-1a`` (``us-east-1``)
@@ -513,11 +517,12 @@ def selector_chart(kind: Mapping[str, Any]) -> Figure:
     rounds = kind["rounds"]
     for i, member in enumerate(kind["members"]):
         values = [math.nan if w is None else w for w in kind["weights"][member]]
-        ax.plot(rounds, values, marker=".", color=colours(i % 10), label=member)
+        ax.plot(rounds, values, marker="." if len(rounds) <= MARKED_ROUNDS else None, color=colours(i % 10), label=member)
     played = [(r, kind["weights"][m][j]) for j, (r, m) in enumerate(zip(rounds, kind["played"]))
               if m in kind["weights"] and kind["weights"][m][j] is not None]
     if played:
-        ax.scatter([r for r, _ in played], [w for _, w in played], s=70, facecolors="none", edgecolors="black",
+        ax.scatter([r for r, _ in played], [w for _, w in played], s=70 if len(rounds) <= MARKED_ROUNDS else 16,
+                   facecolors="none", edgecolors="black",
                    zorder=3, label="member played that round")
     ax.set_xlabel("round (jobs of this kind learnt from)")
     ax.set_ylabel("weight (draw probability)")
@@ -595,7 +600,8 @@ def render_fleet_page(summary: Mapping[str, Any], selector: Mapping[str, Any], f
         _cards(summary),
         _missing_note(totals),
         "<h2>Money saved against on-demand</h2>",
-        _figure("Cumulative spend against N_max on-demand instances, by run end", savings_chart(summary["savings_over_time"]))
+        _figure("Cumulative spend against N_max on-demand instances, by run end", savings_chart,
+                summary["savings_over_time"])
         if summary["savings_over_time"]["points"] else '<p class="empty">No finished run with a cost to draw yet.</p>',
         "<h2>Preemptions</h2>",
         _preemptions(summary["preemptions"]),
@@ -682,7 +688,7 @@ def _missing_note(totals: Mapping[str, Any]) -> str:
 def _preemptions(preemptions: Mapping[str, Any]) -> str:
     parts = []
     if preemptions["by_pool"]:
-        parts.append(_figure("Preemptions per pool (zone) and per region", preemptions_chart(preemptions)))
+        parts.append(_figure("Preemptions per pool (zone) and per region", preemptions_chart, preemptions))
         rows = "".join(f'<tr><td class="text">{escape(region)}</td><td>{_count(n)}</td></tr>'
                        for region, n in preemptions["by_region"].items())
         parts.append('<p class="note">Regions are read from the pool names: a zone <code>us-east4-a</code> is in region '
@@ -755,20 +761,64 @@ def _selector_section(selector: Mapping[str, Any]) -> str:
     if not selector["contexts"]:
         return intro + f'<p class="empty">{escape(selector["message"])}</p>'
     parts = [intro]
+    parts.append(_leaders_table(selector["contexts"]))
     for kind in selector["contexts"][:MAX_SELECTOR_CHARTS]:
-        parts.append(_figure(f"{kind['context']} ({len(kind['rounds'])} round(s))", selector_chart(kind)))
-    rest = selector["contexts"][MAX_SELECTOR_CHARTS:]
-    if rest:
-        items = "".join(f"<li>{escape(k['context'])}: {len(k['rounds'])} round(s)</li>" for k in rest)
-        parts.append(f'<details><summary>{len(rest)} more kind(s) of job, learnt from earlier</summary><ul>{items}</ul></details>')
+        parts.append(_figure(f"{kind['context']} ({len(kind['rounds'])} round(s))", selector_chart, kind))
+    rest = len(selector["contexts"]) - MAX_SELECTOR_CHARTS
+    if rest > 0:
+        parts.append(f'<p class="note">{rest} more kind(s) of job, learnt from earlier, are in the table only.</p>')
     if selector["skipped_entries"]:
         parts.append(f'<p class="note">{selector["skipped_entries"]} history entr(ies) without a kind, round or weights '
                      "were skipped.</p>")
     return "\n".join(parts)
 
 
-def _figure(caption: str, figure: Figure) -> str:
-    return f"<figure><figcaption>{escape(caption)}</figcaption>{figure_svg(figure)}</figure>"
+_svg_cache: OrderedDict[str, str] = OrderedDict()
+_svg_cache_lock = threading.Lock()
+
+
+def chart_svg(draw: Callable[[Any], Figure], data: Any) -> str:
+    """``draw(data)`` as inline SVG, from a small cache keyed by the chart and a digest of its data.
+
+    Drawing is most of a page's time (a tenth of a second per chart), and the charts change only
+    when a run finishes or the selector learns a round, so a page reloaded over the same data
+    reuses them. The SVG of the same data is the same (:func:`figure_svg` fixes its ids).
+    """
+    key = hashlib.sha256(json.dumps([draw.__qualname__, data], sort_keys=True, default=str).encode()).hexdigest()
+    with _svg_cache_lock:
+        if key in _svg_cache:
+            _svg_cache.move_to_end(key)
+            return _svg_cache[key]
+    svg = figure_svg(draw(data))
+    with _svg_cache_lock:
+        _svg_cache[key] = svg
+        while len(_svg_cache) > SVG_CACHE_SIZE:
+            _svg_cache.popitem(last=False)
+    return svg
+
+
+def clear_chart_cache() -> None:
+    """Forget every drawn chart (for measuring a page drawn from scratch)."""
+    with _svg_cache_lock:
+        _svg_cache.clear()
+
+
+def _leaders_table(kinds: Sequence[Mapping[str, Any]]) -> str:
+    """Every kind of job: its rounds and the member it now draws most often."""
+    rows = []
+    for kind in kinds:
+        last = {m: kind["weights"][m][-1] for m in kind["members"] if kind["weights"][m][-1] is not None}
+        leader = max(last, key=lambda m: last[m]) if last else None
+        rows.append(f'<tr><td class="text">{escape(kind["context"])}</td><td>{len(kind["rounds"])}</td>'
+                    f'<td class="text">{escape(leader or "-")}</td>'
+                    f"<td>{'-' if leader is None else f'{last[leader]:.2f}'}</td></tr>")
+    head = ('<tr><th class="text">kind of job</th><th>rounds</th><th class="text">leading member now</th>'
+            "<th>its weight</th></tr>")
+    return f'<div class="scroll"><table class="runs">{head}{"".join(rows)}</table></div>'
+
+
+def _figure(caption: str, draw: Callable[[Any], Figure], data: Any) -> str:
+    return f"<figure><figcaption>{escape(caption)}</figcaption>{chart_svg(draw, data)}</figure>"
 
 
 def _usd(value: float) -> str:
