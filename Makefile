@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 EXTRAS := amazon,google,openlineage,train,dev
 
-.PHONY: install demo demo-evaluate screenshots ui test lint chaos evaluate forecast-backtest bench constraints clean
+.PHONY: install demo demo-evaluate screenshots ui test lint chaos evaluate forecast-backtest bench bench-fleet constraints clean
 
 install: $(INSTALLED)
 
@@ -84,6 +84,12 @@ bench: $(INSTALLED)
 	$(BIN)/python benchmarks/bench_triggers.py --triggers 1000 --seconds 30 --poll-interval 5 --boundaries 4
 	$(BIN)/python benchmarks/bench_reconfiguration.py
 	$(BIN)/python benchmarks/bench_preemption.py --minutes 2 --preemptions 3 --modes notice,kill,sigterm --world-sizes 1,2,1,1
+	$(MAKE) bench-fleet
+
+# The fleet dashboard with 10,000 runs in a fresh SQLite metadata database (a few minutes, most of
+# them filling the database and the REST API baseline); docs/ui.md has the figures.
+bench-fleet: $(INSTALLED)
+	$(BIN)/python benchmarks/bench_fleet.py --runs 10000 --repeat 5
 
 # Re-pin the tested versions after a dependency change (torch stays the CPU build).
 constraints: $(INSTALLED)
