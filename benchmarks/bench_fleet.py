@@ -251,7 +251,7 @@ def measure(args: argparse.Namespace) -> list[tuple[str, float, str]]:
     from fastapi.testclient import TestClient
     from sqlalchemy import select
 
-    from airflow_provider_spotsched.simulation.fleet import clear_chart_cache
+    from airflow_provider_spotsched.simulation.fleet_page import clear_chart_cache
 
     app = create_app("core")
     client = TestClient(app)

@@ -11,18 +11,20 @@ from urllib.parse import unquote, urljoin
 import pytest
 
 from airflow_provider_spotsched.simulation.fleet import (
-    MAX_SELECTOR_CHARTS,
     PER_RUN_POINTS,
-    FleetFilters,
     FleetRun,
     outcome,
     parse_bound,
     region_of,
-    render_fleet_page,
-    report_link,
     selector_view,
     summarise,
 )
+from airflow_provider_spotsched.simulation.fleet_page import (
+    MAX_SELECTOR_CHARTS,
+    FleetFilters,
+    render_fleet_page,
+)
+from airflow_provider_spotsched.simulation.run_report import run_path
 from tests.fleet_samples import CONTEXTS, MEMBERS, NEWER_KEYS, result_variant, selector_document
 from tests.run_log_samples import sample_in_progress_log, sample_result
 
@@ -281,7 +283,7 @@ def test_the_page_links_each_run_to_its_report(page):
     target = urljoin("https://airflow.example.com/team/spotsched/fleet", evil.replace("&amp;", "&"))
     assert target.startswith("https://airflow.example.com/team/spotsched/runs/")
     assert unquote(target.split("/runs/")[1].split("/")[0]) == 'dag<script>alert("x")</script>&'
-    assert report_link("a/b", "r 1", "t") == "runs/a%2Fb/r%201/t"
+    assert run_path("a/b", "r 1", "t") == "runs/a%2Fb/r%201/t"
 
 
 def test_the_filter_form(page):
@@ -329,7 +331,7 @@ def test_every_kind_of_job_is_tabled_with_its_leading_member():
 
 
 def test_drawn_charts_are_reused_while_their_data_is_unchanged(monkeypatch):
-    from airflow_provider_spotsched.simulation import fleet
+    from airflow_provider_spotsched.simulation import fleet_page as fleet
 
     drawn = []
     original = fleet.figure_svg

@@ -9,9 +9,10 @@ back to a root-relative path when no base URL is configured.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink, conf
+
+from airflow_provider_spotsched.simulation.run_report import run_path
 
 if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
@@ -21,9 +22,7 @@ REPORT_PREFIX = "/spotsched"
 
 def run_report_path(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
     """The report page's path below the API server's root (each id percent-encoded)."""
-    path = "/".join(quote(part, safe="") for part in (dag_id, run_id, task_id))
-    query = f"?map_index={map_index}" if map_index >= 0 else ""
-    return f"{REPORT_PREFIX}/runs/{path}{query}"
+    return f"{REPORT_PREFIX}/{run_path(dag_id, run_id, task_id, map_index)}"
 
 
 def run_report_url(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:

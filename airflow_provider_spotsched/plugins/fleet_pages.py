@@ -2,7 +2,7 @@
 
 Routes (all ``GET``, under ``/spotsched``):
 
-- ``/fleet``: the HTML page (:func:`airflow_provider_spotsched.simulation.fleet.render_fleet_page`),
+- ``/fleet``: the HTML page (:func:`airflow_provider_spotsched.simulation.fleet_page.render_fleet_page`),
 - ``/fleet/data.json``: the same summary as JSON.
 
 Query parameters: ``dag_id`` (repeatable; none or empty: every DAG the caller may read),
@@ -48,15 +48,8 @@ from sqlalchemy.orm import Session
 
 from airflow_provider_spotsched.config import CONFIG, SECTION
 from airflow_provider_spotsched.links.report import run_report_path
-from airflow_provider_spotsched.simulation.fleet import (
-    ENDED_STATES,
-    FleetFilters,
-    FleetRun,
-    parse_bound,
-    render_fleet_page,
-    selector_view,
-    summarise,
-)
+from airflow_provider_spotsched.simulation.fleet import ENDED_STATES, FleetRun, parse_bound, selector_view, summarise
+from airflow_provider_spotsched.simulation.fleet_page import FleetFilters, render_fleet_page
 
 FLEET_ROUTE = "/fleet"
 OPERATOR_NAME = "DeadlineSpotFineTuneOperator"  # TaskInstance.operator: the operator's class name

@@ -33,6 +33,7 @@ from pydantic import BeforeValidator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from airflow_provider_spotsched.simulation.fleet import ENDED_STATES
 from airflow_provider_spotsched.simulation.run_report import (
     LiveView,
     check_decision_log,
@@ -45,8 +46,6 @@ from airflow_provider_spotsched.simulation.run_report import (
 DECISION_LOG_KEY = "decision_log"
 RESULT_KEY = "return_value"
 OPERATOR_NAME = "DeadlineSpotFineTuneOperator"
-# a task instance in one of these states will not change its XComs again
-ENDED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 
 # map_index is a 32-bit INTEGER column: a larger number cannot name a task and overflows the query
 MAX_MAP_INDEX = 2**31 - 1

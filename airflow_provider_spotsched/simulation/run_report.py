@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -143,6 +144,13 @@ def render_run_body(
         parts.append('<div class="layout"><div>' + "\n".join(_charts(series, checked)) + "</div>"
                      f"<div><h2>Slot by slot</h2>{_slot_table(series)}</div></div>")
     return "\n".join(parts)
+
+
+def run_path(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """Where a run's report lies below the pages' prefix: ``runs/{dag_id}/{run_id}/{task_id}``,
+    each id percent-encoded, with ``?map_index=N`` for a mapped task."""
+    path = "/".join(quote(part, safe="") for part in (dag_id, run_id, task_id))
+    return f"runs/{path}" + (f"?map_index={map_index}" if map_index >= 0 else "")
 
 
 def report_version(decision_log: Sequence[Mapping[str, Any]] | None, result: Mapping[str, Any] | None) -> str:
