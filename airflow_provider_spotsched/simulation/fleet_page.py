@@ -237,6 +237,7 @@ def _cards(summary: Mapping[str, Any]) -> str:
               "bad" if deadline["hard_miss"] else ""),
         _card("Preemptions", _count(totals["preemptions"]), f"in {len(summary['preemptions']['by_pool'])} pool(s)"),
         _card("Spend against budget", "-" if budget["fraction"] is None else f"{100 * budget['fraction']:.1f} %",
+              "no run set a budget" if not budget["runs"] else
               f"{_usd(budget['spend'])} of {_usd(budget['budget'])} over {budget['runs']} run(s) with a budget"
               + (f"; highest {100 * budget['highest']['fraction']:.1f} %" if budget["highest"] else "")
               + (f"; {budget['over_budget']} over" if budget["over_budget"] else ""),
