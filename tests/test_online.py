@@ -8,12 +8,13 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
+from airflow_provider_spotsched.backends.base import InstanceState, InstanceStatus, JobStatus
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError, Progress, Throughput, advance
 from airflow_provider_spotsched.scheduling.online import BudgetError, OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
-from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, job_context
 from airflow_provider_spotsched.scheduling.selector_store import (
     SelectorStoreError,
     close_round,
@@ -117,6 +118,37 @@ def test_preempted_slot_is_billed_for_what_was_applied(gcp_market):
     assert run.cost == pytest.approx(3 * gcp_market.on_demand_price + 0.5 * 4 * gcp_market.on_demand_price)
 
 
+def test_preemptions_are_counted_per_pool_and_only_grow(gcp_market):
+    """What the UI shows: the backend's per-pool counts, noted after the decision, kept by the result."""
+    pools = gcp_market.pools
+    status = JobStatus("run-p", (
+        InstanceStatus("i-1", pools[0], InstanceState.PREEMPTED), InstanceStatus("i-2", pools[0], InstanceState.PREEMPTED),
+        InstanceStatus("i-3", pools[1], InstanceState.PREEMPTED), InstanceStatus("i-4", pools[1], InstanceState.RUNNING),
+    ))
+    assert status.preemptions_by_pool == {pools[0]: 2, pools[1]: 1} and status.preemptions == 3
+    run = OnlineRun.start(RunConfig("run-p", gcp_job(), pools), gcp_market.prefix(HISTORY + 1), NOW)
+    run.decide(0.0, NOW, 1, {pools[0]: 1}, {"loss": 2.5, "samples_per_second": 3.0})
+    run.note_preemptions(status.preemptions, status.preemptions_by_pool)
+    run.note_preemptions(1, {pools[0]: 1})  # a status that forgot instances lowers nothing
+    record = run.records[-1]
+    assert record.preempted_by_pool == {pools[0]: 2, pools[1]: 1} and record.preemptions == 3
+    assert record.training == {"loss": 2.5, "samples_per_second": 3.0}
+    assert (record.deadline_hours, record.hard_deadline_hours) == (gcp_job().deadline_hours, gcp_job().hard_deadline_hours)
+    assert run.result()["preemptions_by_pool"] == {pools[0]: 2, pools[1]: 1}
+    restored = OnlineRun.from_state(json.loads(json.dumps(run.to_state())))
+    assert restored.records[-1] == record
+
+
+def test_a_state_stored_before_the_ui_fields_still_loads(gcp_market):
+    run = OnlineRun.start(RunConfig("run-old", gcp_job(), gcp_market.pools), gcp_market.prefix(HISTORY + 1), NOW)
+    run.decide(0.0, NOW)
+    state = json.loads(json.dumps(run.to_state()))
+    for name in ("preempted_by_pool", "training", "next_decision", "deadline_hours", "hard_deadline_hours"):
+        del state["records"][0][name]
+    restored = OnlineRun.from_state(state)
+    assert restored.records[0].preempted_by_pool == {} and restored.records[0].training is None
+
+
 def test_refusals_before_anything_is_launched(gcp_market):
     history = gcp_market.prefix(HISTORY + 1)
     with pytest.raises(JobError, match="infeasible"):
@@ -204,7 +236,12 @@ def test_selector_run_records_its_member_and_closes_one_round(gcp_market):
     assert document["runs"] == ["sel-1"] and learnt_rounds(document["selector"]) == 3
     assert document["selector"]["draws"] == 1  # the next run draws after this one
     assert close_round(document, run) == document  # idempotent: a retried close learns once
-    assert SelectorPolicy.from_state(selector_state(document)).rounds_learnt(config.job) == 3
+    selector = SelectorPolicy.from_state(selector_state(document))
+    assert selector.rounds_learnt(config.job) == 3
+    # the round's weights are kept for the fleet dashboard, by kind of job
+    assert document["history"] == [{"job_id": "sel-1", "context": job_context(config.job), "round": 3,
+                                    "member": run.member["label"], "weights": selector.weights(config.job)}]
+    assert close_round({**document, "runs": [], "history": "damaged"}, run)["history"][0]["job_id"] == "sel-1"
 
 
 def learnt_rounds(state: dict) -> int:
