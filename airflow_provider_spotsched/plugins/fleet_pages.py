@@ -48,13 +48,11 @@ from sqlalchemy.orm import Session
 
 from airflow_provider_spotsched.config import CONFIG, SECTION
 from airflow_provider_spotsched.links.report import run_report_path
+from airflow_provider_spotsched.plugins.run_pages import DECISION_LOG_KEY, OPERATOR_NAME, RESULT_KEY
 from airflow_provider_spotsched.simulation.fleet import ENDED_STATES, FleetRun, parse_bound, selector_view, summarise
 from airflow_provider_spotsched.simulation.fleet_page import FleetFilters, render_fleet_page
 
 FLEET_ROUTE = "/fleet"
-OPERATOR_NAME = "DeadlineSpotFineTuneOperator"  # TaskInstance.operator: the operator's class name
-RESULT_KEY = "return_value"
-DECISION_LOG_KEY = "decision_log"
 MAX_IN_FLIGHT_LOGS = 20  # in-flight runs whose decision log is read for their figures so far
 SELECTOR_OPTION = "selector_state_variable"
 

@@ -45,7 +45,7 @@ from airflow_provider_spotsched.simulation.run_report import (
 
 DECISION_LOG_KEY = "decision_log"
 RESULT_KEY = "return_value"
-OPERATOR_NAME = "DeadlineSpotFineTuneOperator"
+OPERATOR_NAME = "DeadlineSpotFineTuneOperator"  # TaskInstance.operator: the operator's class name
 
 # map_index is a 32-bit INTEGER column: a larger number cannot name a task and overflows the query
 MAX_MAP_INDEX = 2**31 - 1
