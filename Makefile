@@ -47,11 +47,14 @@ screenshots: $(INSTALLED)
 demo-evaluate: $(INSTALLED)
 	$(BIN)/spotsched evaluate --out results/demo --scenarios 2 --nmax 4 8 --workers 2
 
-# The linters and the layer contract first (seconds), then the suite; the report page's browser
-# test needs Chromium, which scripts/ensure-chromium installs where it is missing.
+# The linters and the layer contract first (seconds), then the suite; the report pages' browser
+# tests need Chromium, which scripts/ensure-chromium installs where it is missing. The tests that
+# start real Airflow servers (marker `deployment`) run after the rest, so that their load never
+# meets the suite's wall-clock tests (local workers, the fault suite) on a two-core machine.
 test: $(INSTALLED) lint
 	scripts/ensure-chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not deployment"
+	$(BIN)/python -m pytest -m deployment
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -33,6 +33,8 @@ from tests.report_airflow import (
 )
 from tests.run_log_samples import CHARTS, POOLS, sample_in_progress_log, sample_result
 
+pytestmark = pytest.mark.deployment
+
 TAB_ROUTE = "spot-run-report"
 # the report inside the tab's iframe, as the UI embeds it (null until the frame has loaded it)
 IN_FRAME = "(() => { const f = document.querySelector('iframe'); const d = f && f.contentDocument; " \
