@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from websockets.sync.client import ClientConnection, connect
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -27,6 +28,15 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0")
 STARTUP_SECONDS = 60
 REPLY_SECONDS = 120
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Path:
+    """The Chromium binary; a test that needs it fails (rather than skips) where it is missing."""
+    found = find_chromium()
+    if found is None:
+        pytest.fail("Chromium is not installed; the browser tests need it: scripts/ensure-chromium")
+    return found
 
 
 def find_chromium() -> Path | None:

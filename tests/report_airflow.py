@@ -19,6 +19,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -169,6 +170,28 @@ def token(role: str | None, username: str = "viewer") -> str:
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
     return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=username, role=role))
+
+
+@contextmanager
+def serve_over_http(host: object) -> Iterator[str]:
+    """``host`` (an ASGI app) behind uvicorn on a free local port; yields its base URL."""
+    import uvicorn
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(host, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                pytest.fail("uvicorn stopped before it started serving")
+            thread.join(0.05)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        listener.close()
 
 
 API_START_SECONDS = 180

@@ -9,31 +9,19 @@ fleet's charts and not be blank. Chromium is a system package; without it this t
 from __future__ import annotations
 
 import io
-import socket
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
-import uvicorn
 from PIL import Image
 
 from tests.fleet_airflow import DAG_A, DAG_B, shared_fleet_db
 from tests.fleet_samples import CONTEXTS
-from tests.headless_chromium import PageCapture, capture_page, find_chromium
-from tests.report_airflow import serve_reports, token
+from tests.headless_chromium import PageCapture, capture_page, chromium  # noqa: F401 (a fixture)
+from tests.report_airflow import serve_over_http, serve_reports, token
 
 WIDTH = 1280
 CHARTS = 2 + len(CONTEXTS)  # savings over time, preemptions per pool and region, one per kind of job
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Path:
-    found = find_chromium()
-    if found is None:
-        pytest.fail("Chromium is not installed; the fleet's browser test needs it: apt-get install -y chromium")
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -44,21 +32,10 @@ def fleet_url(tmp_path_factory) -> Iterator[str]:
     db = shared_fleet_db(tmp_path_factory)
     with serve_reports(db) as host:
         get_fernet.cache_clear()  # the deployment's Fernet key decrypts the selector's Variable
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(host, log_level="warning", lifespan="off"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
-        thread.start()
         try:
-            while not server.started:
-                if not thread.is_alive():
-                    pytest.fail("uvicorn stopped before it started serving the fleet app")
-                thread.join(0.05)
-            yield f"http://127.0.0.1:{listener.getsockname()[1]}/spotsched/fleet"
+            with serve_over_http(host) as base_url:
+                yield f"{base_url}/spotsched/fleet"
         finally:
-            server.should_exit = True
-            thread.join(30)
-            listener.close()
             get_fernet.cache_clear()
 
 

@@ -11,52 +11,25 @@ that cannot run it is noticed.
 from __future__ import annotations
 
 import io
-import socket
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
-import uvicorn
 from PIL import Image
 
-from tests.headless_chromium import PageCapture, capture_page, find_chromium
-from tests.report_airflow import DAG_ID, FINISHED_TASK, serve_reports, shared_report_db, token
+from tests.headless_chromium import PageCapture, capture_page, chromium  # noqa: F401 (a fixture)
+from tests.report_airflow import DAG_ID, FINISHED_TASK, serve_over_http, serve_reports, shared_report_db, token
 from tests.run_log_samples import CHARTS, POOLS, sample_result
 
 WIDTH = 1280
 
 
 @pytest.fixture(scope="module")
-def chromium() -> Path:
-    found = find_chromium()
-    if found is None:
-        pytest.fail("Chromium is not installed; the report's browser test needs it: apt-get install -y chromium")
-    return found
-
-
-@pytest.fixture(scope="module")
 def report_url(tmp_path_factory) -> Iterator[str]:
     """The finished run's report page, served by uvicorn on a free local port."""
     db = shared_report_db(tmp_path_factory)
-    with serve_reports(db) as host:
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(host, log_level="warning", lifespan="off"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
-        thread.start()
-        try:
-            while not server.started:
-                if not thread.is_alive():
-                    pytest.fail("uvicorn stopped before it started serving the report app")
-                thread.join(0.05)
-            port = listener.getsockname()[1]
-            yield f"http://127.0.0.1:{port}/spotsched/runs/{DAG_ID}/{db.run_id}/{FINISHED_TASK}"
-        finally:
-            server.should_exit = True
-            thread.join(30)
-            listener.close()
+    with serve_reports(db) as host, serve_over_http(host) as base_url:
+        yield f"{base_url}/spotsched/runs/{DAG_ID}/{db.run_id}/{FINISHED_TASK}"
 
 
 @pytest.fixture(scope="module")

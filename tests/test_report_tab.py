@@ -15,12 +15,11 @@ import json
 import shutil
 import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
-from tests.headless_chromium import BrowserPage, find_chromium
+from tests.headless_chromium import BrowserPage, chromium  # noqa: F401 (a fixture)
 from tests.report_airflow import (
     DAG_ID,
     FINISHED_TASK,
@@ -39,14 +38,6 @@ TAB_ROUTE = "spot-run-report"
 # the report inside the tab's iframe, as the UI embeds it (null until the frame has loaded it)
 IN_FRAME = "(() => { const f = document.querySelector('iframe'); const d = f && f.contentDocument; " \
            "return d && d.getElementById('report') ? d : null; })()"
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Path:
-    found = find_chromium()
-    if found is None:
-        pytest.fail("Chromium is not installed; the report's browser tests need it: apt-get install -y chromium")
-    return found
 
 
 @pytest.fixture(scope="module")
