@@ -49,6 +49,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's provider (its plugin) and the tests' samples
 from tests.fleet_samples import result_variant, selector_document  # noqa: E402
+from tests.report_airflow import deployment_env, simple_auth_env  # noqa: E402
 from tests.run_log_samples import sample_decision_log  # noqa: E402
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
@@ -95,16 +96,8 @@ for dag in [d for d in vars(module).values() if isinstance(d, DAG)]:
 
 def environment(home: Path) -> dict[str, str]:
     return {
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__API_AUTH__JWT_SECRET": "spotsched-fleet-benchmark-only-" + "0123456789abcdef" * 4,
+        **deployment_env(home, home / "dags"),
+        **simple_auth_env(home, "fleet-benchmark"),
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     }

@@ -29,14 +29,14 @@ import os
 import sqlite3
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from filelock import FileLock
 
 from tests.fleet_samples import result_variant, selector_document
+from tests.report_airflow import deployment_env, shared_build, simple_auth_env
 from tests.run_log_samples import sample_decision_log, sample_in_progress_log
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,14 +162,8 @@ def build_fleet_db(home: Path) -> FleetDb:
     (data / "samples.json").write_text(json.dumps(samples()))
     dag_file = dags / "spotsched_fleet_dags.py"
     dag_file.write_text(DAG_FILE.format(data=str(data), dag_a=DAG_A, dag_b=DAG_B, sweep=SWEEP))
-    build_env = {
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__FERNET_KEY": FERNET_KEY,  # the Variable is encrypted; the serving process must decrypt it
-    }
+    # the Variable is encrypted; the serving process must decrypt it
+    build_env = {**deployment_env(home, dags), "AIRFLOW__CORE__FERNET_KEY": FERNET_KEY}
     plan = {"runs": [[dag_id, day] for dag_id, days in DATES.items() for day in days],
             "variable": SELECTOR_VARIABLE, "selector": selector_document(job_ids())}
     for command in ([str(AIRFLOW), "db", "migrate"],
@@ -188,25 +182,14 @@ def build_fleet_db(home: Path) -> FleetDb:
         assert changed == 1, changed
     env = {
         **build_env,
-        "AIRFLOW__CORE__AUTH_MANAGER": "tests.fleet_auth.PerDagAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer,alice:viewer,carol:viewer,nobody:viewer",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__API_AUTH__JWT_SECRET": "spotsched-fleet-tests-only-" + "0123456789abcdef" * 4,
+        **simple_auth_env(home, "fleet-tests", users="viewer:viewer,alice:viewer,carol:viewer,nobody:viewer",
+                          auth_manager="tests.fleet_auth.PerDagAuthManager"),
         "SPOTSCHED_TEST_DAG_ACCESS": json.dumps(ACCESS),
     }
     return FleetDb(home, env)
 
 
 def shared_fleet_db(tmp_path_factory: pytest.TempPathFactory) -> FleetDb:
-    """One deployment per test session, built by the first pytest-xdist worker that asks for it."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the session's directory, common to its workers
-    built = root / "spotsched_fleet_db.json"
-    with FileLock(str(root / "spotsched_fleet_db.lock")):
-        if not built.is_file():
-            db = build_fleet_db(root / "spotsched_fleet_db")
-            built.write_text(json.dumps({"home": str(db.home), "env": db.env}))
-        data = json.loads(built.read_text())
+    """The fleet deployment, built once per test session (:func:`~tests.report_airflow.shared_build`)."""
+    data = shared_build(tmp_path_factory, "spotsched_fleet_db", lambda home: asdict(build_fleet_db(home)))
     return FleetDb(Path(data["home"]), data["env"])

@@ -21,10 +21,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -84,6 +85,32 @@ class ReportDb:
     run_id: str
 
 
+SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+
+
+def deployment_env(home: Path, dags: Path) -> dict[str, str]:
+    """A throwaway deployment in ``home``: SQLite, no example DAGs, DAGs from ``dags``."""
+    return {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+    }
+
+
+def simple_auth_env(home: Path, purpose: str, users: str = "viewer:viewer",
+                    auth_manager: str = SIMPLE_AUTH_MANAGER) -> dict[str, str]:
+    """SimpleAuthManager (or a subclass) with ``users``, passwords in ``home``, a JWT secret for ``purpose``."""
+    return {
+        "AIRFLOW__CORE__AUTH_MANAGER": auth_manager,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": users,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__API_AUTH__JWT_SECRET": f"spotsched-{purpose}-only-" + "0123456789abcdef" * 4,
+    }
+
+
 def build_report_db(home: Path) -> ReportDb:
     """Migrate a SQLite metadata database in ``home`` and run the test DAG once into it."""
     data, dags = home / "data", home / "dags"
@@ -94,18 +121,7 @@ def build_report_db(home: Path) -> ReportDb:
     (data / "in_progress_log.json").write_text(json.dumps(sample_in_progress_log(IN_PROGRESS_SLOTS)))
     (dags / f"{DAG_ID}.py").write_text(DAG_FILE.format(
         data=str(data), dag_id=DAG_ID, silent=SILENT_TASK, finished=FINISHED_TASK, in_progress=IN_PROGRESS_TASK))
-    env = {
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__API_AUTH__JWT_SECRET": "spotsched-report-tests-only-" + "0123456789abcdef" * 4,
-    }
+    env = {**deployment_env(home, dags), **simple_auth_env(home, "report-tests")}
     for command in (["db", "migrate"], ["dags", "test", DAG_ID, LOGICAL_DATE]):
         done = subprocess.run([str(AIRFLOW), *command], env={**os.environ, **env}, cwd=home,
                               capture_output=True, text=True, timeout=600)
@@ -118,21 +134,26 @@ def build_report_db(home: Path) -> ReportDb:
 
 
 def shared_report_db(tmp_path_factory: pytest.TempPathFactory) -> ReportDb:
-    """One deployment per test session, built by the first pytest-xdist worker that asks for it.
+    """The report deployment, built once per test session (:func:`shared_build`)."""
+    data = shared_build(tmp_path_factory, "spotsched_report_db", lambda home: asdict(build_report_db(home)))
+    return ReportDb(Path(data["home"]), data["env"], data["run_id"])
 
-    The deployment takes tens of seconds to build and the tests only read it, so the plugin and
-    browser tests share it even when xdist runs them in different workers.
+
+def shared_build(tmp_path_factory: pytest.TempPathFactory, name: str,
+                 build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """What ``build`` returned for a deployment in ``name``, built by the first xdist worker asking.
+
+    A deployment takes tens of seconds to build and the tests only read it, so the tests of a
+    session share it even when xdist runs them in different workers.
     """
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's directory, common to its workers
-    built = root / "spotsched_report_db.json"
-    with FileLock(str(root / "spotsched_report_db.lock")):
+    built = root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
         if not built.is_file():
-            db = build_report_db(root / "spotsched_report_db")
-            built.write_text(json.dumps({"home": str(db.home), "env": db.env, "run_id": db.run_id}))
-        data = json.loads(built.read_text())
-    return ReportDb(Path(data["home"]), data["env"], data["run_id"])
+            built.write_text(json.dumps(build(root / name), default=str))
+        return json.loads(built.read_text())
 
 
 @contextmanager
