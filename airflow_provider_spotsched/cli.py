@@ -335,12 +335,16 @@ def _backtest(args: argparse.Namespace, trace: Trace, pools: list[str] | None) -
     from airflow_provider_spotsched.forecast.backtest_report import text_table, write_backtest_report
 
     models = _names(args.models) or list(BACKTEST_MODELS)
+    bad = [n for n in args.at_least if n < 1]
+    if bad:
+        raise InputError(f"--at-least {bad}: counts must be >= 1 instance")
     for name in models:
         _forecaster(name, "--models")
     try:
         market = resample(trace, slot_hours=args.slot_hours, pools=pools)
         backtest = run_backtest(market, models, args.horizon, step=args.step, min_history=args.min_history,
-                                workers=args.workers, on_progress=_ModelProgress())
+                                workers=args.workers, on_progress=_ModelProgress(), origins=args.origins,
+                                fresh=args.fresh, at_least=args.at_least)
     except (TraceError, BacktestError) as exc:
         raise InputError(str(exc)) from None
     name = trace_name(str(args.trace))
@@ -447,12 +451,18 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--at", help="forecast from the slot starting at this UTC timestamp, using data up to it only")
     fc.add_argument("--model", default="auto", help="forecaster (default auto: a model chosen per pool)")
     fc.add_argument("--at-least", type=int, nargs="+", default=[], metavar="N",
-                    help="also give P(available >= N) for these counts (N = 1 always)")
+                    help="also give P(available >= N) for these counts (N = 1 always); "
+                         "with --backtest, score those chances too")
     fc.add_argument("--out", type=Path, help="forecast JSON file to write")
     fc.add_argument("--backtest", action="store_true", help="backtest the forecasters instead of forecasting")
     fc.add_argument("--models", action="append", default=[], metavar="MODEL[,MODEL]",
                     help=f"models to backtest (default: {', '.join(BACKTEST_MODELS)}; persistence is always added)")
     fc.add_argument("--step", type=int, default=6, help="slots between backtest origins (default 6)")
+    fc.add_argument("--origins", type=int,
+                    help="instead of every --step slots, this many backtest origins spread evenly over the trace")
+    fc.add_argument("--fresh", action="store_true",
+                    help="a new forecaster at each backtest origin (as a job submitted there), "
+                         "instead of one running through them in order")
     fc.add_argument("--min-history", type=int,
                     help="slots known at the first origin (default: two weeks, or half the trace if shorter)")
     fc.add_argument("--workers", "-j", type=int, default=1, help="backtest models in this many processes at once")

@@ -156,7 +156,8 @@ def test_backtest_writes_table_summary_and_plots(tmp_path, trace_file, capsys):
     printed = capsys.readouterr().out
     assert "available count: MAE mean over pools" in printed and "seasonal-naive" in printed
     assert sorted(p.name for p in out.iterdir()) == [
-        "backtest.csv", "error_vs_horizon.png", "forecast_vs_actual.png", "summary.md"]
+        "backtest.csv", "calibration.csv", "error_vs_horizon.png", "forecast_vs_actual.png", "reliability.csv",
+        "summary.md"]
     with (out / "backtest.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert {r["pool"] for r in rows} == {"us-east4-b", "us-west1-b"}
@@ -166,8 +167,33 @@ def test_backtest_writes_table_summary_and_plots(tmp_path, trace_file, capsys):
     assert "--models seasonal-naive" in summary and "| us-west1-b |" in summary
 
 
+def test_backtest_at_fresh_origins_scores_intervals_and_chances(tmp_path, trace_file, capsys):
+    out = tmp_path / "bt"
+    args = ["forecast", "--trace", str(trace_file), "--horizon", "4", "--backtest", "--models", "seasonal-naive",
+            "--market", "us-east4-b,us-west1-b", "--origins", "5", "--fresh", "--at-least", "8",
+            "--out-dir", str(out)]
+    assert main(args) == 0
+    assert "5 origins" in capsys.readouterr().out
+    summary = (out / "summary.md").read_text()
+    assert "each forecast by a new forecaster" in summary and "5 origins spread evenly" in summary
+    assert "Coverage of the 80% intervals" in summary and "## P(available >= 8)" in summary
+    assert "## P(available >= 1)" in summary and "| climatology |" in summary
+    with (out / "calibration.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    brier = [r for r in rows if r["at_least"] == "8"]
+    assert len(brier) == 2 * 4 and all(0.0 <= float(r["brier"]) <= 1.0 for r in brier)  # 2 models x 4 steps
+    assert {r["coverage80"] for r in rows if r["model"] == "persistence" and not r["at_least"]} == {""}
+    with (out / "reliability.csv").open() as handle:
+        reliability = list(csv.DictReader(handle))
+    assert {r["at_least"] for r in reliability} == {"1", "8"}
+    assert sum(int(r["points"]) for r in reliability if r["model"] == "seasonal-naive" and r["at_least"] == "1") \
+        == 5 * 4 * 2  # origins x steps x pools
+
+
 def test_backtest_bad_input_exits_2(tmp_path, trace_file, capsys):
     base = ["forecast", "--trace", str(trace_file), "--horizon", "4", "--backtest", "--out-dir", str(tmp_path)]
     check_bad_input(base + ["--models", "crystal-ball"], ["--models", "crystal-ball"], capsys)
     check_bad_input(base + ["--models", "persistence", "--min-history", "100"], ["no origin", "min_history"], capsys)
     check_bad_input(base + ["--market", "mars-1a"], ["mars-1a", "us-east4-b"], capsys)
+    check_bad_input(base + ["--models", "persistence", "--origins", "0"], ["origins", ">= 1"], capsys)
+    check_bad_input(base + ["--models", "persistence", "--at-least", "0"], ["--at-least", ">= 1"], capsys)
