@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -16,7 +17,12 @@ from airflow_provider_spotsched.forecast.backtest import (
     default_min_history,
     run_backtest,
 )
-from airflow_provider_spotsched.forecast.backtest_report import pooled_skill, write_backtest_report
+from airflow_provider_spotsched.forecast.backtest_report import (
+    lead_choice_table,
+    lead_models,
+    pooled_skill,
+    write_backtest_report,
+)
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket, resample
 from tests.markets import make_market
@@ -233,3 +239,16 @@ def test_the_skill_interval_brackets_exact_ratios():
     ratio = result.skill("spot_price")[0, :, 0]  # pool 1 is constant: only pool 0's errors count
     assert (low <= ratio + 1e-9).all() and (ratio - 1e-9 <= high).all()
     assert np.isnan(result.skill_interval("available", "seasonal-naive")[0]).sum() == 0
+
+
+def test_the_models_behind_each_lead_are_read_from_the_labels():
+    assert lead_models("persistence@1-2/markov-count@3/persistence@4-6/holt-winters(N,A)@7-", 8) == [
+        "persistence", "persistence", "markov-count", "persistence", "persistence", "persistence",
+        "holt-winters", "holt-winters"]
+    assert lead_models("arima(1,1,0)", 3) == ["arima"] * 3
+    result = hand_made_backtest()
+    chosen = ({"persistence+persistence@1/markov-count@2-": 3, "persistence+persistence": 1},)
+    table = lead_choice_table(replace(result, chosen={"m": chosen, "persistence": chosen}), "m")
+    assert "| availability | 1 h | 0% | 100% |" in table  # markov-count, persistence columns
+    assert "| availability | 2 h | 75% | 25% |" in table
+    assert "| price | 2 h | 0% | 100% |" in table

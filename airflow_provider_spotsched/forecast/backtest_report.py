@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -250,6 +251,45 @@ def chosen_table(backtest: Backtest, model: str) -> list[str]:
     return lines
 
 
+MAX_LABEL_COLUMNS = 8
+"""Up to this many distinct choices, the report lists them per pool; beyond, by lead time only."""
+
+
+def lead_models(label: str, horizon: int) -> list[str]:
+    """The model behind each lead 1..``horizon`` of one series' label, e.g. ``persistence@1-2/
+    holt-winters(N,A)@3-`` (a label without ``@`` is one model for every lead), without orders."""
+    models = [""] * horizon
+    for part in label.split("/"):
+        name, _, leads = part.partition("@")
+        first, _, last = leads.partition("-")
+        start = int(first) if first else 1
+        stop = int(last) if last else (start if leads and "-" not in leads else horizon)
+        for k in range(start - 1, min(stop, horizon)):
+            models[k] = name.split("(")[0]
+    return models
+
+
+def lead_choice_table(backtest: Backtest, model: str) -> list[str]:
+    """Markdown rows: per series and lead time, the share of pool-origins at which each model
+    forecast that lead in ``model``'s choice (``price-model+availability-model`` labels)."""
+    steps = [k for k in SHOWN_STEPS if k <= backtest.horizon]
+    shares: dict[tuple[int, int], Counter[str]] = {}
+    for counts in backtest.chosen[model]:
+        for label, times in counts.items():
+            for side, series in enumerate(label.split("+")[:2]):
+                for k, name in enumerate(lead_models(series, backtest.horizon)):
+                    shares.setdefault((side, k), Counter())[name] += times
+    names = sorted({name for counter in shares.values() for name in counter})
+    lines = ["| series | lead | " + " | ".join(names) + " |", "| --- | --- |" + " --- |" * len(names)]
+    for side, series_name in enumerate(("price", "availability")):
+        for k in steps:
+            counter = shares.get((side, k - 1), Counter())
+            total = sum(counter.values()) or 1
+            cells = " | ".join(f"{100 * counter[name] / total:.0f}%" for name in names)
+            lines.append(f"| {series_name} | {k * backtest.market.slot_hours:g} h | {cells} |")
+    return lines
+
+
 def summary_markdown(backtest: Backtest, command: str, when: datetime, trace: str) -> str:
     market, origins = backtest.market, backtest.origins
     slot = timedelta(hours=market.slot_hours)
@@ -327,8 +367,15 @@ def summary_markdown(backtest: Backtest, command: str, when: datetime, trace: st
             *reliability_table(backtest, headline, n),
         ]
     if any(len(counts) > 1 for counts in backtest.chosen[headline]):
-        lines += ["", f"## Models behind {headline}", "", "Origins at which each model was chosen, per pool:", "",
-                  *chosen_table(backtest, headline)]
+        lines += ["", f"## Models behind {headline}", ""]
+        labels = {label for counts in backtest.chosen[headline] for label in counts}
+        if all("+" in label for label in labels):
+            lines += ["Share of pool-origins at which each model forecast each lead time:", "",
+                      *lead_choice_table(backtest, headline), ""]
+        if len(labels) <= MAX_LABEL_COLUMNS:
+            lines += ["Origins at which each choice was made, per pool:", "", *chosen_table(backtest, headline)]
+        else:
+            lines += [f"({len(labels)} different choices over the pools and origins; `Backtest.chosen` has them all.)"]
     return "\n".join(lines) + "\n"
 
 
