@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,7 @@ from airflow_provider_spotsched.forecast.series import (
     seasonal_naive_fit,
     seasonal_strength,
 )
+from airflow_provider_spotsched.forecast.snapshot import market_at
 from tests.markets import make_market
 
 NAMES = ["arima", "holt-winters", "markov-count", "auto"]
@@ -506,3 +508,15 @@ def test_the_chain_forecasts_the_median_of_a_full_or_empty_pool():
     assert ((expectation > 0.5) & (expectation < 7.5)).any()
     np.testing.assert_allclose(result.mean, median(result.distribution))
     assert (result.lower <= result.mean).all() and (result.mean <= result.upper).all()
+
+
+def test_auto_follows_a_zone_that_just_lost_its_capacity(gcp_trace):
+    """The demo's case: us-east4-a falls from 16 to 0 at 05:10 on 2025-10-11. Seasonal naive, which
+    never looks at the latest slot, forecasts yesterday's 16 for the next hour; auto keeps
+    persistence at lead 1 (the old choice took seasonal naive for leads 1-6 there) and forecasts 0."""
+    at = datetime(2025, 10, 11, 5, 10, tzinfo=timezone.utc)
+    past = market_at(gcp_trace, at, pools=["us-east4-a"])
+    assert past.available[-2:, 0].tolist() == [16, 0]
+    assert make_forecaster("seasonal-naive").forecast(past, 6).available[0, 0] == 16
+    forecast = make_forecaster("auto").forecast(past, 6)
+    assert forecast.available[0, 0] == 0 and forecast.models[0].split("+")[1].startswith("persistence@1")
