@@ -77,7 +77,7 @@ forecast-backtest: $(INSTALLED)
 
 # Forecasts against persistence at origins nobody chose (docs/forecasting.md): origins spread
 # evenly over each shipped trace (160) and over seeded synthetic markets (80 each), a new
-# forecaster at each. About 15 min for the traces and 5 min per seed on a shared 2-core machine.
+# forecaster at each. About 20 min for the traces and 3-5 min per seed on a shared 2-core machine.
 SYNTH_SEEDS ?= 101 102 103 104 105
 FRESH := --horizon 24 --backtest --fresh --min-history 168 --workers 1
 forecast-fresh: $(INSTALLED)
