@@ -32,9 +32,10 @@ Why the test: at short leads a count or a price that sticks for hours makes pers
 zero in most slots, and the few jumps decide every mean. Ten origins half a day apart (the
 choice before) gave 20 errors per bucket, and a model that was lucky on two of the jumps won by
 far more than a 5% margin: on the shipped GCP trace, seasonal naive chosen for leads 1-2 had
-0.63 of persistence's error at those origins, 1.50 at all the origins of the same days, and 1.31
-on the next day. Every origin of six days and a test that asks how likely the gain is by chance
-keep persistence unless the evidence is real.
+0.62 of persistence's error at those origins, 1.24 at every origin of the same days, and 1.44
+after the choice (``benchmarks/auto_selection_noise.py --trace gcp --origins 48``). Every origin
+of six days and a test that asks how likely the gain is by chance keep persistence unless the
+evidence is real.
 
 The ranking (the stitch or single winner first, then the candidates by their score over all
 leads) is kept for ``reselect_every`` slots; the chosen models are refitted on the whole history
