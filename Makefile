@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 EXTRAS := amazon,google,openlineage,train,dev
 
-.PHONY: install demo demo-evaluate screenshots ui test lint chaos evaluate forecast-backtest bench bench-fleet constraints clean
+.PHONY: install demo demo-evaluate screenshots ui test lint chaos evaluate forecast-backtest forecast-fresh bench bench-fleet constraints clean
 
 install: $(INSTALLED)
 
@@ -77,6 +77,20 @@ TRACES := airflow_provider_spotsched/data/traces
 forecast-backtest: $(INSTALLED)
 	$(BIN)/spotsched forecast --trace $(TRACES)/aws_p3.2xlarge_9az_2023-02-15.csv.gz --horizon 24 --backtest --workers 3 --out-dir docs/forecasting/aws
 	$(BIN)/spotsched forecast --trace $(TRACES)/gcp_h100_13zones_2025-10.csv.gz --horizon 24 --backtest --workers 3 --out-dir docs/forecasting/gcp
+
+# Forecasts against persistence at origins nobody chose (docs/forecasting.md): origins spread
+# evenly over each shipped trace (160) and over seeded synthetic markets (80 each), a new
+# forecaster at each. About 20 min for the traces and 3-5 min per seed on a shared 2-core machine.
+SYNTH_SEEDS ?= 101 102 103 104 105
+FRESH := --horizon 24 --backtest --fresh --min-history 168 --workers 1
+forecast-fresh: $(INSTALLED)
+	$(BIN)/spotsched forecast --trace $(TRACES)/aws_p3.2xlarge_9az_2023-02-15.csv.gz $(FRESH) --origins 160 --out-dir docs/forecasting/fresh/aws
+	$(BIN)/spotsched forecast --trace $(TRACES)/gcp_h100_13zones_2025-10.csv.gz $(FRESH) --origins 160 --at-least 4 8 --out-dir docs/forecasting/fresh/gcp
+	for seed in $(SYNTH_SEEDS); do \
+		$(BIN)/spotsched synth --seed $$seed --out results/synth/seed-$$seed.csv.gz && \
+		$(BIN)/spotsched forecast --trace results/synth/seed-$$seed.csv.gz $(FRESH) --origins 80 --models auto --at-least 4 8 \
+			--out-dir docs/forecasting/fresh/synth-$$seed || exit 1; \
+	done
 
 # A few minutes of each benchmark; docs/benchmarks.md gives the full-length commands.
 bench: $(INSTALLED)

@@ -27,7 +27,7 @@ from airflow_provider_spotsched.execution.driver import Load, Persist, RunDriver
 from airflow_provider_spotsched.execution.environment import SpotEnvironment, local_environment
 from airflow_provider_spotsched.forecast import FORECASTERS, Forecaster, make_forecaster
 from airflow_provider_spotsched.forecast.backtest import BacktestError, run_backtest
-from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, forecast_document, market_at
+from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, MAX_STALENESS_HOURS, forecast_document, snapshot_at
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate, write_trace
 from airflow_provider_spotsched.market.trace import Trace, TraceError, load_trace, parse_timestamp
@@ -307,19 +307,27 @@ def _live_forecast(args: argparse.Namespace, trace: Trace, pools: list[str] | No
     bad = [n for n in args.at_least if n < 1]
     if bad:
         raise InputError(f"--at-least {bad}: counts must be >= 1 instance")
+    if not args.max_staleness_hours >= 0:
+        raise InputError(f"--max-staleness-hours {args.max_staleness_hours:g}: must be >= 0 hours")
     try:
-        market = market_at(trace, at, args.slot_hours, pools)
+        snapshot = snapshot_at(trace, at, args.slot_hours, pools, args.max_staleness_hours)
     except TraceError as exc:
         raise InputError(str(exc)) from None
+    market = snapshot.market
     forecaster = _forecaster(args.model)
     try:
         forecast = forecaster.forecast(market, args.horizon)
     except ValueError as exc:
         raise InputError(f"--model {args.model}: {exc}") from None
-    document = forecast_document(forecast, market, at, args.at_least, forecaster.name)
+    document = forecast_document(forecast, market, at, args.at_least, forecaster.name, snapshot)
     _write_json(args.out, document)
     chosen = ", ".join(f"{pool}: {entry['model']}" for pool, entry in document["pools"].items())
-    print(f"forecast of {args.horizon} slots after {document['at']} from {market.describe()} ({chosen}) -> {args.out}")
+    stale = [pool for pool, entry in document["pools"].items() if entry["stale"]]
+    lag = f"data until {document['data_until']}, {document['staleness_seconds'] / 60:.0f} min before --at"
+    if stale:
+        lag += f"; availability unknown (counted as 0) in {', '.join(stale)}: last tick too old"
+    print(f"forecast of {args.horizon} slots after {document['at']} from {market.describe()} ({lag}) ({chosen}) "
+          f"-> {args.out}")
     return 0
 
 
@@ -335,12 +343,16 @@ def _backtest(args: argparse.Namespace, trace: Trace, pools: list[str] | None) -
     from airflow_provider_spotsched.forecast.backtest_report import text_table, write_backtest_report
 
     models = _names(args.models) or list(BACKTEST_MODELS)
+    bad = [n for n in args.at_least if n < 1]
+    if bad:
+        raise InputError(f"--at-least {bad}: counts must be >= 1 instance")
     for name in models:
         _forecaster(name, "--models")
     try:
         market = resample(trace, slot_hours=args.slot_hours, pools=pools)
         backtest = run_backtest(market, models, args.horizon, step=args.step, min_history=args.min_history,
-                                workers=args.workers, on_progress=_ModelProgress())
+                                workers=args.workers, on_progress=_ModelProgress(), origins=args.origins,
+                                fresh=args.fresh, at_least=args.at_least)
     except (TraceError, BacktestError) as exc:
         raise InputError(str(exc)) from None
     name = trace_name(str(args.trace))
@@ -445,14 +457,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pools to forecast (repeatable or comma list; default: all)")
     fc.add_argument("--market", action="append", default=[], metavar="POOL[,POOL]", help="same as --pools")
     fc.add_argument("--at", help="forecast from the slot starting at this UTC timestamp, using data up to it only")
+    fc.add_argument("--max-staleness-hours", type=float, default=MAX_STALENESS_HOURS,
+                    help="accept an --at up to this many hours after the trace's newest tick (live data lags the "
+                         "clock; default %(default)g)")
     fc.add_argument("--model", default="auto", help="forecaster (default auto: a model chosen per pool)")
     fc.add_argument("--at-least", type=int, nargs="+", default=[], metavar="N",
-                    help="also give P(available >= N) for these counts (N = 1 always)")
+                    help="also give P(available >= N) for these counts (N = 1 always); "
+                         "with --backtest, score those chances too")
     fc.add_argument("--out", type=Path, help="forecast JSON file to write")
     fc.add_argument("--backtest", action="store_true", help="backtest the forecasters instead of forecasting")
     fc.add_argument("--models", action="append", default=[], metavar="MODEL[,MODEL]",
                     help=f"models to backtest (default: {', '.join(BACKTEST_MODELS)}; persistence is always added)")
     fc.add_argument("--step", type=int, default=6, help="slots between backtest origins (default 6)")
+    fc.add_argument("--origins", type=int,
+                    help="instead of every --step slots, this many backtest origins spread evenly over the trace")
+    fc.add_argument("--fresh", action="store_true",
+                    help="a new forecaster at each backtest origin (as a job submitted there), "
+                         "instead of one running through them in order")
     fc.add_argument("--min-history", type=int,
                     help="slots known at the first origin (default: two weeks, or half the trace if shorter)")
     fc.add_argument("--workers", "-j", type=int, default=1, help="backtest models in this many processes at once")

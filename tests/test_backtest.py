@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -11,11 +12,17 @@ import pytest
 from airflow_provider_spotsched.forecast import FORECASTERS
 from airflow_provider_spotsched.forecast.backtest import (
     ROW_COLUMNS,
+    Backtest,
     BacktestError,
     default_min_history,
     run_backtest,
 )
-from airflow_provider_spotsched.forecast.backtest_report import pooled_skill, write_backtest_report
+from airflow_provider_spotsched.forecast.backtest_report import (
+    lead_choice_table,
+    lead_models,
+    pooled_skill,
+    write_backtest_report,
+)
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket, resample
 from tests.markets import make_market
@@ -117,7 +124,8 @@ def test_rows_and_report_files(tmp_path, gcp_trace):
     price_skill = [r["skill"] for r in rows if r["quantity"] == "spot_price"]
     assert price_skill == [None] * len(price_skill)  # GCP prices are constant: persistence is exact
     written = write_backtest_report(result, tmp_path, "spotsched forecast ...", datetime.now(timezone.utc), "gcp")
-    assert [p.name for p in written] == ["backtest.csv", "summary.md", "error_vs_horizon.png", "forecast_vs_actual.png"]
+    assert [p.name for p in written] == ["backtest.csv", "calibration.csv", "reliability.csv", "summary.md",
+                                         "error_vs_horizon.png", "forecast_vs_actual.png"]
     with (tmp_path / "backtest.csv").open() as handle:
         table = list(csv.DictReader(handle))
     assert len(table) == len(rows)
@@ -137,3 +145,110 @@ def test_models_in_parallel_processes_give_the_same_forecasts():
     for quantity in ("spot_price", "available"):
         np.testing.assert_array_equal(alone.predicted[quantity], parallel.predicted[quantity])
     assert alone.chosen == parallel.chosen
+
+
+class CountingSpy(PeekingSpy):
+    """PeekingSpy that numbers its instances, so a test can tell a new forecaster from an old one."""
+
+    name = "counting-spy"
+    made = 0
+    calls: list[tuple[int, int]] = []
+
+    def __init__(self) -> None:
+        CountingSpy.made += 1
+        self.number = CountingSpy.made
+
+    def forecast(self, past: SlotMarket, horizon: int) -> Forecast:
+        CountingSpy.calls.append((self.number, past.num_slots))
+        return super().forecast(past, horizon)
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_origins_spread_evenly_and_fresh_gives_each_a_new_forecaster(monkeypatch, fresh):
+    monkeypatch.setitem(FORECASTERS, "counting-spy", f"{__name__}:CountingSpy")
+    monkeypatch.setattr(CountingSpy, "made", 0)
+    monkeypatch.setattr(CountingSpy, "calls", [])
+    monkeypatch.setattr(PeekingSpy, "seen", [])
+    result = run_backtest(MARKET, ["counting-spy"], horizon=3, min_history=2, origins=4, fresh=fresh)
+    # the span is slots 1 .. 8 (12 slots, 3 ahead): 4 origins spread evenly over it, both ends included
+    np.testing.assert_array_equal(result.origins, [1, 3, 6, 8])
+    assert [slots for _, slots in CountingSpy.calls] == [2, 4, 7, 9]  # each sees its prefix only
+    instances = {number for number, _ in CountingSpy.calls}
+    assert len(instances) == (4 if fresh else 1)  # a new forecaster per origin, or one through them all
+    assert result.fresh is fresh
+    with pytest.raises(BacktestError, match="origins"):
+        run_backtest(MARKET, ["persistence"], horizon=3, origins=0)
+
+
+def test_fresh_origins_in_parallel_processes_give_the_same_forecasts():
+    args = dict(models=["seasonal-naive"], horizon=2, min_history=4, origins=5, fresh=True, at_least=[3],
+                params={"seasonal-naive": {"season_slots": 3}})
+    alone, parallel = run_backtest(MARKET, **args), run_backtest(MARKET, **args, workers=3)
+    for quantity in ("spot_price", "available"):
+        np.testing.assert_array_equal(alone.predicted[quantity], parallel.predicted[quantity])
+    np.testing.assert_array_equal(alone.chance(3), parallel.chance(3))
+    assert alone.chosen == parallel.chosen
+
+
+def hand_made_backtest() -> Backtest:
+    """One pool whose counts are 2, 0, 2, 2, 0, 2; origins 1 and 2, two steps ahead: the actuals
+    are [2, 2] and [2, 0]. Model ``m`` states intervals and chances; persistence states none."""
+    market = make_market([[1.0]] * 6, [[2], [0], [2], [2], [0], [2]])
+    shape = (2, 2, 1)  # origin, step, pool
+    lower = np.array([[1.0, 0.0], [2.0, 1.0]]).reshape(shape)  # step 1: [1, 3] and [2, 2] hold 2;
+    upper = np.array([[3.0, 1.0], [2.0, 2.0]]).reshape(shape)  # step 2: [0, 1] misses 2, [1, 2] misses 0
+    chance = np.array([[0.8, 0.6], [0.9, 0.5]]).reshape(shape)
+    nan = np.full(shape, np.nan)
+    point = np.full(shape, 2.0)
+    return Backtest(
+        market=market, models=("m", "persistence"), horizon=2, origins=np.array([1, 2]),
+        predicted={"spot_price": np.stack([point, point]), "available": np.stack([point, point])},
+        chosen={"m": ({},), "persistence": ({},)},
+        lower={"spot_price": np.stack([nan, nan]), "available": np.stack([lower, nan])},
+        upper={"spot_price": np.stack([nan, nan]), "available": np.stack([upper, nan])},
+        at_least=(1,), chances=(np.stack([chance, np.ones(shape)]),),
+    )
+
+
+def test_coverage_brier_and_reliability_match_a_hand_computation():
+    result = hand_made_backtest()
+    coverage = result.coverage("available")
+    np.testing.assert_allclose(coverage[0], [1.0, 0.0])  # both actuals inside at step 1, neither at step 2
+    assert np.isnan(coverage[1]).all()  # persistence gives no interval: no coverage, not 0%
+    # events (>= 1 available): [1, 1] and [1, 0]
+    np.testing.assert_allclose(result.brier(1)[0], [(0.2**2 + 0.1**2) / 2, (0.4**2 + 0.5**2) / 2])
+    np.testing.assert_allclose(result.brier(1)[1], [0.0, 0.5])  # persistence's certain "yes" misses the 0 once
+    # climatology: slots 0..1 had 1 of 2 with >= 1, slots 0..2 had 2 of 3
+    np.testing.assert_allclose(result.climatology(1)[:, 0], [0.5, 2 / 3])
+    np.testing.assert_allclose(result.brier_climatology(1), [(0.5**2 + (1 / 3) ** 2) / 2, (0.5**2 + (2 / 3) ** 2) / 2])
+    assert result.reliability("m", 1) == [
+        (0.5, 0.6, 1, 0.5, 0.0), (0.6, 0.7, 1, pytest.approx(0.6), 1.0),
+        (0.8, 0.9, 1, pytest.approx(0.8), 1.0), (0.9, 1.0, 1, pytest.approx(0.9), 1.0),
+    ]
+    with pytest.raises(BacktestError, match="at least"):
+        result.chance(4)
+
+
+def test_the_skill_interval_brackets_exact_ratios():
+    args = dict(models=["seasonal-naive"], horizon=2, min_history=4, origins=6, fresh=True,
+                params={"seasonal-naive": {"season_slots": 3}})
+    result = run_backtest(MARKET, **args)
+    low, high = result.skill_interval("spot_price", "persistence")
+    np.testing.assert_allclose([low, high], 1.0)  # persistence against itself: 1 in every draw
+    low, high = result.skill_interval("spot_price", "seasonal-naive")
+    ratio = result.skill("spot_price")[0, :, 0]  # pool 1 is constant: only pool 0's errors count
+    assert (low <= ratio + 1e-9).all() and (ratio - 1e-9 <= high).all()
+    assert np.isnan(result.skill_interval("available", "seasonal-naive")[0]).sum() == 0
+
+
+def test_the_models_behind_each_lead_are_read_from_the_labels():
+    assert lead_models("persistence@1-2/markov-count@3/persistence@4-6/holt-winters(N,A)@7-", 8) == [
+        "persistence", "persistence", "markov-count", "persistence", "persistence", "persistence",
+        "holt-winters", "holt-winters"]
+    assert lead_models("arima(1,1,0)", 3) == ["arima"] * 3
+    result = hand_made_backtest()
+    chosen = ({"persistence+persistence@1/markov-count@2-": 3, "persistence+persistence": 1},)
+    table = lead_choice_table(replace(result, chosen={"m": chosen, "persistence": chosen}), "m")
+    assert "| availability | 1 h | 0% | 100% |" in table  # markov-count, persistence columns
+    assert "| availability | 2 h | 75% | 25% |" in table
+    assert "| price | 2 h | 0% | 100% |" in table

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +13,7 @@ import pytest
 from airflow_provider_spotsched.cli import BAD_INPUT, main
 from airflow_provider_spotsched.forecast.snapshot import market_at
 from airflow_provider_spotsched.market.slots import resample
-from airflow_provider_spotsched.market.trace import load_trace, parse_timestamp
+from airflow_provider_spotsched.market.trace import format_timestamp, load_trace, parse_timestamp
 from tests.test_cli import POOLS, write_slice
 
 AT = "2025-10-06T12:05:00Z"  # off the trace's 10-minute tick grid: the state in force is the 12:00 tick
@@ -33,14 +33,17 @@ def test_forecast_json_has_exactly_the_documented_shape(tmp_path, trace_file):
     assert forecast(trace_file, out, "--model", "persistence", "--at-least", "4", "9", "--pools", "us-east4-b",
                     "--pools", "us-west1-b") == 0
     document = json.loads(out.read_text())
-    assert set(document) == {"at", "slot_hours", "pools"}
+    assert set(document) == {"at", "slot_hours", "data_until", "staleness_seconds", "pools"}
     assert document["at"] == AT and document["slot_hours"] == 1.0
+    assert document["data_until"] == "2025-10-06T12:00:00Z" and document["staleness_seconds"] == 300.0
     assert list(document["pools"]) == ["us-east4-b", "us-west1-b"]
     at = parse_timestamp(AT)
     state = resample(load_trace(trace_file), start=at, num_slots=1)  # the state in force at --at
     for pool, entry in document["pools"].items():
-        assert set(entry) == {"model", "spot_price", "available", "p_available_at_least"}
+        assert set(entry) == {"model", "spot_price", "available", "p_available_at_least", "last_tick",
+                              "staleness_seconds", "stale"}
         assert entry["model"] == "persistence"
+        assert (entry["last_tick"], entry["staleness_seconds"], entry["stale"]) == ("2025-10-06T12:00:00Z", 300.0, False)
         m = state.pools.index(pool)
         assert entry["spot_price"] == [state.spot_price[0, m]] * 6
         assert entry["available"] == [float(state.available[0, m])] * 6
@@ -113,6 +116,51 @@ def test_at_on_a_tick_forecasts_from_that_tick(tmp_path, trace_file):
     assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
 
 
+def _last_tick(trace: Path) -> datetime:
+    return datetime.fromtimestamp(load_trace(trace).last_time, timezone.utc)
+
+
+def test_live_at_minutes_after_the_last_tick_is_accepted_with_its_staleness(tmp_path, trace_file, capsys):
+    """Live data lags the clock: an --at 7 minutes after the newest tick forecasts from that tick and
+    says how old it is; 20 minutes on (past 1.5 tick gaps) availability is unknown and counts as 0."""
+    last = _last_tick(trace_file)
+    at = format_timestamp(last + timedelta(minutes=7))
+    assert forecast(trace_file, tmp_path / "live.json", "--model", "persistence", at=at) == 0
+    printed = capsys.readouterr().out
+    assert f"data until {format_timestamp(last)}, 7 min before --at" in printed
+    document = json.loads((tmp_path / "live.json").read_text())
+    assert document["at"] == at and document["data_until"] == format_timestamp(last)
+    assert document["staleness_seconds"] == 420.0
+    trace = load_trace(trace_file)
+    for pool, entry in document["pools"].items():
+        series = trace.pools[pool]
+        assert (entry["staleness_seconds"], entry["stale"]) == (at_seconds(at) - series.times[-1], False)
+        assert entry["available"] == [float(series.available[-1])] * 6  # the newest tick, carried forward
+        assert entry["spot_price"] == [float(series.spot_price[-1])] * 6
+    later = format_timestamp(last + timedelta(minutes=20))
+    assert forecast(trace_file, tmp_path / "late.json", "--model", "persistence", at=later) == 0
+    assert "availability unknown (counted as 0)" in capsys.readouterr().out
+    document = json.loads((tmp_path / "late.json").read_text())
+    assert document["staleness_seconds"] == 1200.0
+    for entry in document["pools"].values():
+        assert entry["stale"] and entry["available"] == [0.0] * 6  # the spec's hole rule, said out loud
+
+
+def at_seconds(at: str) -> float:
+    return parse_timestamp(at).timestamp()
+
+
+def test_an_at_beyond_the_allowed_staleness_is_refused_unless_allowed(tmp_path, trace_file, capsys):
+    late = format_timestamp(_last_tick(trace_file) + timedelta(hours=2))
+    check_bad_input(["forecast", "--trace", str(trace_file), "--at", late, "--horizon", "6", "--model", "persistence",
+                     "--out", str(tmp_path / "f.json")], ["--at", late, "newest tick is 2.0 h before", "1 h of staleness"], capsys)
+    assert forecast(trace_file, tmp_path / "f.json", "--model", "persistence", "--max-staleness-hours", "3", at=late) == 0
+    assert json.loads((tmp_path / "f.json").read_text())["staleness_seconds"] == 7200.0
+    check_bad_input(["forecast", "--trace", str(trace_file), "--at", late, "--horizon", "6", "--model", "persistence",
+                     "--max-staleness-hours", "-1", "--out", str(tmp_path / "g.json")],
+                    ["--max-staleness-hours", ">= 0"], capsys)
+
+
 def check_bad_input(args: list[str], words: list[str], capsys) -> None:
     assert main(args) == BAD_INPUT
     err = capsys.readouterr().err
@@ -156,7 +204,8 @@ def test_backtest_writes_table_summary_and_plots(tmp_path, trace_file, capsys):
     printed = capsys.readouterr().out
     assert "available count: MAE mean over pools" in printed and "seasonal-naive" in printed
     assert sorted(p.name for p in out.iterdir()) == [
-        "backtest.csv", "error_vs_horizon.png", "forecast_vs_actual.png", "summary.md"]
+        "backtest.csv", "calibration.csv", "error_vs_horizon.png", "forecast_vs_actual.png", "reliability.csv",
+        "summary.md"]
     with (out / "backtest.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert {r["pool"] for r in rows} == {"us-east4-b", "us-west1-b"}
@@ -166,8 +215,33 @@ def test_backtest_writes_table_summary_and_plots(tmp_path, trace_file, capsys):
     assert "--models seasonal-naive" in summary and "| us-west1-b |" in summary
 
 
+def test_backtest_at_fresh_origins_scores_intervals_and_chances(tmp_path, trace_file, capsys):
+    out = tmp_path / "bt"
+    args = ["forecast", "--trace", str(trace_file), "--horizon", "4", "--backtest", "--models", "seasonal-naive",
+            "--market", "us-east4-b,us-west1-b", "--origins", "5", "--fresh", "--at-least", "8",
+            "--out-dir", str(out)]
+    assert main(args) == 0
+    assert "5 origins" in capsys.readouterr().out
+    summary = (out / "summary.md").read_text()
+    assert "each forecast by a new forecaster" in summary and "5 origins spread evenly" in summary
+    assert "Coverage of the 80% intervals" in summary and "## P(available >= 8)" in summary
+    assert "## P(available >= 1)" in summary and "| climatology |" in summary
+    with (out / "calibration.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    brier = [r for r in rows if r["at_least"] == "8"]
+    assert len(brier) == 2 * 4 and all(0.0 <= float(r["brier"]) <= 1.0 for r in brier)  # 2 models x 4 steps
+    assert {r["coverage80"] for r in rows if r["model"] == "persistence" and not r["at_least"]} == {""}
+    with (out / "reliability.csv").open() as handle:
+        reliability = list(csv.DictReader(handle))
+    assert {r["at_least"] for r in reliability} == {"1", "8"}
+    assert sum(int(r["points"]) for r in reliability if r["model"] == "seasonal-naive" and r["at_least"] == "1") \
+        == 5 * 4 * 2  # origins x steps x pools
+
+
 def test_backtest_bad_input_exits_2(tmp_path, trace_file, capsys):
     base = ["forecast", "--trace", str(trace_file), "--horizon", "4", "--backtest", "--out-dir", str(tmp_path)]
     check_bad_input(base + ["--models", "crystal-ball"], ["--models", "crystal-ball"], capsys)
     check_bad_input(base + ["--models", "persistence", "--min-history", "100"], ["no origin", "min_history"], capsys)
     check_bad_input(base + ["--market", "mars-1a"], ["mars-1a", "us-east4-b"], capsys)
+    check_bad_input(base + ["--models", "persistence", "--origins", "0"], ["origins", ">= 1"], capsys)
+    check_bad_input(base + ["--models", "persistence", "--at-least", "0"], ["--at-least", ">= 1"], capsys)

@@ -63,6 +63,28 @@ def test_a_history_store_is_a_market_too(tmp_path):
     assert from_store.execute({}) == from_trace.execute({})
 
 
+def test_a_live_market_whose_data_lags_the_clock_is_forecast_with_its_staleness(tmp_path):
+    """A history store recorded up to 8 minutes before the logical date (a live feed lags the clock):
+    the forecast is made from its newest ticks and says how old they are."""
+    spec = MarketSpec("trace", options={"path": "gcp"})
+    at = datetime(2025, 10, 11, 4, 10, tzinfo=timezone.utc)
+    ticks = clip(spec.observe(at - timedelta(days=3), at), at - timedelta(days=3), at - timedelta(minutes=8))
+    MarketHistoryStore(tmp_path / "history").append(ticks)
+    history = {"kind": "history", "options": {"root": str(tmp_path / "history")}}
+    operator = SpotMarketForecastOperator(task_id="forecast", market=history, pools=POOLS, model="persistence",
+                                          horizon=3, history_hours=48.0)
+    document = operator.execute({"logical_date": at})
+    newest = max(float(series.times[-1]) for series in ticks.pools.values())
+    assert document["staleness_seconds"] == pytest.approx(at.timestamp() - newest) and document["staleness_seconds"] >= 480
+    for pool in POOLS:
+        entry, series = document["pools"][pool], ticks.pools[pool]
+        assert entry["available"] == [float(series.available[-1])] * 3 and not entry["stale"]
+    strict = SpotMarketForecastOperator(task_id="strict", market=history, pools=POOLS, model="persistence", horizon=3,
+                                        history_hours=48.0, max_staleness_hours=0.0)
+    with pytest.raises(TraceError, match="staleness"):
+        strict.execute({"logical_date": at})
+
+
 def test_bad_input_is_refused_with_the_field_to_fix():
     with pytest.raises(ValueError, match="model 'prophet' is unknown"):
         SpotMarketForecastOperator(task_id="f", market="gcp", model="prophet")

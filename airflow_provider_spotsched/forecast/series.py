@@ -279,7 +279,10 @@ class Stitched(FittedSeries):
         if not segments or segments[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(segments, segments[1:])):
             raise ValueError(f"segments must start at lead 1 and increase, got {list(segments)}")
         self.components, self.segments, self.top = list(components), list(segments), top
-        ranges = [f"{first}-{nxt - 1}" for (first, _), (nxt, _) in zip(self.segments, self.segments[1:])]
+        ranges = [
+            f"{first}" if nxt == first + 1 else f"{first}-{nxt - 1}"
+            for (first, _), (nxt, _) in zip(self.segments, self.segments[1:])
+        ]
         ranges.append(f"{self.segments[-1][0]}-")
         self.label = "/".join(f"{self.components[c].label}@{r}" for (_, c), r in zip(self.segments, ranges))
 

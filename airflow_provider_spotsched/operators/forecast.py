@@ -17,7 +17,13 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
-from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, MAX_HORIZON, forecast_document, slot_market_at
+from airflow_provider_spotsched.forecast.snapshot import (
+    DEFAULT_HISTORY_HOURS,
+    MAX_HORIZON,
+    MAX_STALENESS_HOURS,
+    forecast_document,
+    slot_snapshot_at,
+)
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.market.trace import parse_instant
 
@@ -30,12 +36,14 @@ class SpotMarketForecastOperator(BaseOperator):
     :param pools: the pools to forecast (default: every pool of the market).
     :param slot_hours: slot length in hours.
     :param at: the instant to forecast from (templated; a datetime or an ISO-8601 string);
-        default the run's logical date, or now for a run without one. It must not be later than
-        the market's newest tick.
+        default the run's logical date, or now for a run without one. It may be up to
+        ``max_staleness_hours`` later than the market's newest tick (live data lags the clock);
+        the document then says how stale the data was (``staleness_seconds``).
     :param model: a registered forecaster (default ``"auto"``: a model chosen per pool).
     :param horizon: slots to forecast, 1..48.
     :param at_least: counts n for which the document gives P(available >= n) (1 always).
     :param history_hours: hours of history before ``at`` to read.
+    :param max_staleness_hours: how far ``at`` may lie after the newest tick.
     """
 
     template_fields: Sequence[str] = ("at", "pools")
@@ -52,6 +60,7 @@ class SpotMarketForecastOperator(BaseOperator):
         horizon: int = 24,
         at_least: Sequence[int] = (),
         history_hours: float = DEFAULT_HISTORY_HOURS,
+        max_staleness_hours: float = MAX_STALENESS_HOURS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -63,6 +72,9 @@ class SpotMarketForecastOperator(BaseOperator):
             raise ValueError(f"at_least must hold instance counts >= 1, got {list(at_least)!r}")
         if not slot_hours > 0:
             raise ValueError(f"slot_hours must be > 0, got {slot_hours!r}")
+        if isinstance(max_staleness_hours, bool) or not isinstance(max_staleness_hours, (int, float)) \
+                or not max_staleness_hours >= 0:
+            raise ValueError(f"max_staleness_hours must be a number >= 0, got {max_staleness_hours!r}")
         self.market = MarketSpec.coerce(market)
         self.pools = pools
         self.slot_hours = float(slot_hours)
@@ -71,13 +83,17 @@ class SpotMarketForecastOperator(BaseOperator):
         self.horizon = horizon
         self.at_least = tuple(at_least)
         self.history_hours = float(history_hours)
+        self.max_staleness_hours = float(max_staleness_hours)
 
     def execute(self, context: Any) -> dict[str, Any]:
         at = forecast_instant(self.at, context)
-        market = slot_market_at(self.market, at, self.slot_hours, self.pools, self.history_hours)
+        snapshot = slot_snapshot_at(
+            self.market, at, self.slot_hours, self.pools, self.history_hours, self.max_staleness_hours
+        )
+        market = snapshot.market
         forecaster = make_forecaster(self.model)
         forecast = forecaster.forecast(market, self.horizon)
-        document = forecast_document(forecast, market, at, self.at_least, forecaster.name)
+        document = forecast_document(forecast, market, at, self.at_least, forecaster.name, snapshot)
         self.log.info("forecast of %d slots after %s for %s", self.horizon, document["at"], ", ".join(market.pools))
         return document
 
