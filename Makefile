@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 EXTRAS := amazon,google,openlineage,train,dev
 
-.PHONY: install demo demo-evaluate screenshots ui test lint chaos evaluate forecast-backtest forecast-fresh bench bench-fleet constraints clean
+.PHONY: install demo demo-evaluate screenshots ui test lint chaos evaluate forecast-backtest forecast-fresh evaluate-forecasters evaluate-synthetic bench bench-fleet constraints clean
 
 install: $(INSTALLED)
 
@@ -71,6 +71,21 @@ chaos: $(INSTALLED)
 # The full evaluation whose table and plots live in docs/evaluation/.
 evaluate: $(INSTALLED)
 	$(BIN)/spotsched evaluate --out docs/evaluation
+
+# What each forecaster buys: CHC on every real forecaster over the default grid, its cost beside
+# its forecast error at the same jobs (docs/evaluation/forecasters/summary.md).
+evaluate-forecasters: $(INSTALLED)
+	$(BIN)/spotsched evaluate --out docs/evaluation/forecasters --policies optimal uniform-progress \
+		chc-persistence chc-seasonal-naive chc-arima chc-holt-winters chc-markov-count chc-auto
+
+# The default grid on seeded synthetic markets no policy was tuned on (docs/evaluation.md).
+EVAL_SYNTH_SEEDS ?= 301 302 303
+evaluate-synthetic: $(INSTALLED)
+	for seed in $(EVAL_SYNTH_SEEDS); do \
+		$(BIN)/spotsched synth --seed $$seed --out results/synth/eval-$$seed.csv.gz || exit 1; \
+	done
+	$(BIN)/spotsched evaluate --out docs/evaluation/synthetic --scenarios 4 \
+		--traces $(foreach seed,$(EVAL_SYNTH_SEEDS),results/synth/eval-$(seed).csv.gz)
 
 # The forecasting backtests whose tables and plots live in docs/forecasting/ (see docs/forecasting.md).
 TRACES := airflow_provider_spotsched/data/traces

@@ -156,3 +156,32 @@ def test_evaluate_writes_every_file_with_the_right_columns(tmp_path, slice_path,
     assert "## Selector, expected over its draws" in (out / "summary.md").read_text()
     for name in ("cost_per_policy", "utility_vs_slack", "chc_forecast_error", "selector_weights"):
         assert (out / f"{name}.png").stat().st_size > 0
+
+
+def test_chc_on_two_forecasters_is_judged_in_dollars_beside_its_forecast_error(tmp_path, slice_path):
+    out = tmp_path / "eval"
+    policies = ["optimal", "chc-persistence", "chc-seasonal-naive"]
+    args = ["evaluate", "--out", str(out), "--traces", str(slice_path), "--scenarios", "2", "--nmax", "2",
+            "--slack", "1.5", "--overhead", "0.1", "--base-hours", "4", "--workers", "1", "--policies", *policies]
+    assert main(args) == 0
+    errors = json.loads((out / "results.json").read_text())["forecast_errors"]["gcp_4d"]
+    assert set(errors) == {"persistence", "seasonal-naive"}
+    for quantity in ("available", "spot_price"):
+        assert len(errors["seasonal-naive"][quantity]) == 6
+        assert all(mae >= 0 for mae in errors["seasonal-naive"][quantity])
+    cost: dict[str, list[float]] = {policy: [] for policy in policies}
+    with (out / "results.csv").open() as handle:
+        for r in csv.DictReader(handle):
+            cost[r["policy"]].append(float(r["cost"]))
+    saved = (sum(cost["chc-seasonal-naive"]) - sum(cost["chc-persistence"])) / 2
+    lines = (out / "summary.md").read_text().split("## What each forecaster buys (CHC)")[1].splitlines()
+    naive = next(line for line in lines if line.startswith("| gcp_4d | seasonal-naive |"))
+    assert naive.split(" | ")[4] == f"{saved:+.2f}"
+    persistence = next(line for line in lines if line.startswith("| gcp_4d | persistence |"))
+    assert persistence.split(" | ")[4] == "+0.00"
+
+
+def test_one_forecaster_has_nothing_to_be_judged_against(slice_path):
+    config = GridConfig(traces=(str(slice_path),), scenarios=1, policies=("optimal", "chc-auto"), **TINY)
+    plans = {str(slice_path): plan_scenarios(config, load_trace(slice_path))}
+    assert ev.forecaster_errors(config, plans, workers=1) == {}

@@ -34,11 +34,14 @@ from airflow_provider_spotsched.scheduling.policy import Policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket, SimulationResult, job_market, simulate
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, job_context
+from airflow_provider_spotsched.simulation.forecaster_value import Origin, chc_forecaster, submission_errors
 
 if TYPE_CHECKING:
     from airflow_provider_spotsched.scheduling.selector import Round
 
 ORACLE_ERRORS = (0.0, 0.1, 0.25, 0.5)
+CHC_FORECASTERS = ("persistence", "seasonal-naive", "arima", "holt-winters", "markov-count", "auto")
+"""The real forecasters CHC runs on in the evaluation: what each buys is judged by CHC's cost."""
 SELECTOR = "selector"
 
 
@@ -76,8 +79,7 @@ def _policy_specs() -> dict[str, PolicySpec]:
         PolicySpec("uniform-progress", "uniform-progress"),
         PolicySpec("optimal", "optimal"),
         PolicySpec("prediction-free", "prediction-free"),
-        PolicySpec("chc-seasonal-naive", "chc", (("forecaster", "seasonal-naive"),)),
-        PolicySpec("chc-auto", "chc", (("forecaster", "auto"),)),
+        *(PolicySpec(f"chc-{name}", "chc", (("forecaster", name),)) for name in CHC_FORECASTERS),
         *(
             PolicySpec(f"chc-oracle-{e:g}", "chc", (("forecaster", "oracle"), ("error", e)), seeded=True)
             for e in ORACLE_ERRORS
@@ -88,9 +90,11 @@ def _policy_specs() -> dict[str, PolicySpec]:
 
 
 POLICY_SPECS: dict[str, PolicySpec] = _policy_specs()
-# The default grid runs every policy but CHC on seasonal-naive forecasts, which the statsmodels
-# forecasters (chc-auto) superseded; name it with --policies to compare them.
-DEFAULT_POLICIES: tuple[str, ...] = tuple(key for key in POLICY_SPECS if key != "chc-seasonal-naive")
+# The default grid runs CHC on the forecaster the operator uses (auto) only; name the others with
+# --policies (or run `make evaluate-forecasters`) to see what each forecaster buys.
+DEFAULT_POLICIES: tuple[str, ...] = tuple(
+    key for key in POLICY_SPECS if not key.startswith("chc-") or key == "chc-auto" or key.startswith("chc-oracle")
+)
 
 
 def _build_selector(seed: int) -> SelectorPolicy:
@@ -459,6 +463,8 @@ class Evaluation:
     config: GridConfig
     rows: list[Row]
     selector: dict[str, Any] = field(default_factory=dict)
+    forecast_errors: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
+    """Per trace, forecaster and quantity, the MAE per lead at the jobs' submissions (see forecaster_value)."""
 
 
 ProgressCallback = Callable[[int, int, int, int, float], None]
@@ -514,7 +520,29 @@ def evaluate(config: GridConfig, workers: int = 2, on_progress: ProgressCallback
                 on_progress(done, total, len(selector), selector_total, time.monotonic() - began)
     rows.sort(key=_grid_order(config))
     ordered = {name: selector[name] for name in map(trace_name, config.traces) if name in selector}
-    return Evaluation(config, with_relatives(rows), ordered)
+    return Evaluation(config, with_relatives(rows), ordered, forecaster_errors(config, plans, workers))
+
+
+def forecaster_errors(
+    config: GridConfig, plans: dict[str, list[Scenario]], workers: int
+) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """The MAE per lead of every forecaster CHC ran on, at each trace's job submissions.
+
+    Only when the grid compares forecasters (CHC on two or more): a single one has nothing to be
+    judged against but persistence, which the evaluation did not run CHC on.
+    """
+    forecasters = [name for key in config.policies if (name := chc_forecaster(key, CHC_FORECASTERS))]
+    if len(forecasters) < 2:
+        return {}
+    origins = {}
+    for path, scenarios in plans.items():
+        first = {scenario.start: scenario for scenario in reversed(scenarios)}
+        trace = cached_trace(path)
+        origins[trace_name(path)] = [
+            Origin(trace_name(path), scenario.start_text, scenario_job(config, trace, scenario)[1])
+            for _, scenario in sorted(first.items())
+        ]
+    return submission_errors(origins, forecasters, workers)
 
 
 def _grid_order(config: GridConfig) -> Callable[[Row], tuple[Any, ...]]:

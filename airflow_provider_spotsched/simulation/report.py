@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_spotsched.simulation.evaluation import COLUMNS, Evaluation, Row
+from airflow_provider_spotsched.simulation.forecaster_value import LEADS, REFERENCE, chc_forecaster, mae_ratio
 
 SUMMARY_HEADER = (
     "| policy | runs | excess cost vs optimal | utility / optimal | cost / on-demand "
@@ -31,7 +32,7 @@ def write_report(evaluation: Evaluation, out: Path, command: str, when: datetime
     out.mkdir(parents=True, exist_ok=True)
     written = [write_csv(evaluation.rows, out / "results.csv"), out / "results.json", out / "summary.md"]
     results = {"command": command, "date": when.isoformat(), "grid": evaluation.config.to_dict(),
-               "selector": evaluation.selector}
+               "selector": evaluation.selector, "forecast_errors": evaluation.forecast_errors}
     written[1].write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
     written[2].write_text(summary_markdown(evaluation, command, when), encoding="utf-8")
     return written + write_plots(evaluation, out)
@@ -81,7 +82,48 @@ def summary_markdown(evaluation: Evaluation, command: str, when: datetime) -> st
             "| --- | --- | --- |",
         ]
         lines += [f"| {trace} | {len(values)} | {100 * float(np.mean(values)):+.1f}% |" for trace, values in expected.items()]
+    lines += forecaster_value_lines(evaluation)
     return "\n".join(lines) + "\n"
+
+
+def forecaster_value_lines(evaluation: Evaluation) -> list[str]:
+    """The "what each forecaster buys" section: CHC's cost per forecaster beside its forecast error."""
+    if not evaluation.forecast_errors:
+        return []
+    lines = [
+        "",
+        "## What each forecaster buys (CHC)",
+        "",
+        "CHC on each forecaster, on the same jobs. USD per job is the mean cost difference against CHC on "
+        "persistence (negative: the forecaster saves money). MAE / persistence is the forecast's mean absolute "
+        f"error relative to persistence's, at lead 1 and over leads 1-{LEADS}, at the jobs' submission times "
+        "(a new forecaster at each).",
+        "",
+        "| trace | CHC on | runs | excess cost vs optimal | USD per job vs persistence "
+        f"| MAE / persistence, availability (lead 1, 1-{LEADS}) | MAE / persistence, spot price (lead 1, 1-{LEADS}) |",
+        "|" + " --- |" * 7,
+    ]
+    for trace, errors in evaluation.forecast_errors.items():
+        rows = [r for r in evaluation.rows if r.trace == trace]
+        reference = {r.scenario_key: r.cost for r in rows if r.policy == f"chc-{REFERENCE}"}
+        for policy in evaluation.config.policies:
+            forecaster = chc_forecaster(policy, list(errors))
+            group = [r for r in rows if r.policy == policy]
+            if forecaster is None or not group:
+                continue
+            saved = [r.cost - reference[r.scenario_key] for r in group if r.scenario_key in reference]
+            usd = f"{float(np.mean(saved)):+.2f}" if saved else "n/a"
+            available, price = (_ratio_cells(errors, forecaster, q) for q in ("available", "spot_price"))
+            excess = _mean([r.excess_cost for r in group], percent=True)
+            lines.append(f"| {trace} | {forecaster} | {len(group)} | {excess} | {usd} | {available} | {price} |")
+    return lines
+
+
+def _ratio_cells(errors: dict[str, dict[str, list[float]]], forecaster: str, quantity: str) -> str:
+    model, reference = np.asarray(errors[forecaster][quantity]), np.asarray(errors[REFERENCE][quantity])
+    first = f"{model[0] / reference[0]:.3f}" if reference[0] > 0 else "n/a"
+    mean = mae_ratio(errors, forecaster, quantity)
+    return f"{first}, {'n/a' if mean is None else f'{mean:.3f}'}"
 
 
 def selector_expected_excess(evaluation: Evaluation) -> dict[str, list[float]]:
