@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
@@ -55,19 +55,18 @@ class ThroughputEstimate:
     prior_hours: float = DEFAULT_PRIOR_HOURS
     half_life_hours: float = DEFAULT_HALF_LIFE_HOURS
     confidence_z: float = DEFAULT_CONFIDENCE_Z
-    prior_weight: float = -1.0  # p: prior_hours, decayed with the measurements (-1: not set yet)
-    weight: float = 0.0  # sum w_i
-    weighted_ratio: float = 0.0  # sum w_i r_i
-    weighted_square: float = 0.0  # sum w_i r_i^2
-    weight_square: float = 0.0  # sum w_i^2
+    prior_weight: float = field(init=False)  # p: prior_hours, decayed with the measurements
+    weight: float = field(init=False, default=0.0)  # sum w_i
+    weighted_ratio: float = field(init=False, default=0.0)  # sum w_i r_i
+    weighted_square: float = field(init=False, default=0.0)  # sum w_i r_i^2
+    weight_square: float = field(init=False, default=0.0)  # sum w_i^2
 
     def __post_init__(self) -> None:
         for name, low, strict in (("prior_hours", 0.0, False), ("half_life_hours", 0.0, True), ("confidence_z", 0.0, False)):
             value = getattr(self, name)
             if not math.isfinite(value) or value < low or (strict and value == low):
                 raise JobError(f"{name}={value!r}: must be a finite number {'>' if strict else '>='} {low:g}")
-        if self.prior_weight < 0:
-            self.prior_weight = self.prior_hours
+        self.prior_weight = self.prior_hours
 
     def observe(self, instances: int, effective_hours: float, work: float) -> None:
         """Learn from one applied slot: ``work`` done on ``instances`` in ``effective_hours``.
