@@ -122,13 +122,8 @@ def true_throughput(args: argparse.Namespace) -> TrueThroughput:
     try:
         return TrueThroughput(args.true_throughput, args.slowdown_at_hours, args.slowdown_factor)
     except ValueError as exc:
-        flags = {"factor": "--true-throughput", "slowdown_at_hours": "--slowdown-at-hours",
-                 "slowdown_factor": "--slowdown-factor"}
-        text = str(exc)
-        for name, flag in sorted(flags.items(), key=lambda item: -len(item[0])):
-            if text.startswith(name + "="):
-                text = flag + text[len(name):]
-                break
+        flags = {"factor": "--true-throughput", "slowdown_at_hours": "--slowdown-at-hours", "slowdown_factor": "--slowdown-factor"}
+        text = re.sub(r"\b(" + "|".join(flags) + r")\b", lambda m: flags[m.group(1)], str(exc))
         raise InputError(text) from None
 
 
@@ -147,6 +142,7 @@ def add_throughput_flags(parser: argparse.ArgumentParser) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from airflow_provider_spotsched.simulation.report import write_report  # imports matplotlib: only here
 
+    truth = true_throughput(args)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -162,7 +158,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             base_hours=args.base_hours,
             hard_deadline_factor=args.hard_deadline_factor,
             seed=args.seed,
-            true_throughput=true_throughput(args),
+            true_throughput=truth,
             estimate_throughput=not args.no_throughput_estimate,
         )
         evaluation = evaluate(config, workers=args.workers, on_progress=_ProgressLine())

@@ -110,26 +110,20 @@ def test_a_true_throughput_factor_of_zero_or_less_is_refused(kwargs, field):
         TrueThroughput(**kwargs)
 
 
-def test_the_cli_names_the_flag_of_a_bad_factor(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--true-throughput", "0"], "--true-throughput=0"),
+        (["--slowdown-factor", "0.7"], "--slowdown-factor=0.7 needs --slowdown-at-hours"),
+    ],
+)
+def test_the_cli_names_the_flag_of_a_bad_factor(tmp_path, capsys, flags, message):
     job = tmp_path / "job.json"
     job.write_text(json.dumps(make_job().to_dict()))
-    code = main(
-        [
-            "simulate",
-            "--trace",
-            str(GCP_TRACE),
-            "--job",
-            str(job),
-            "--policy",
-            "greedy",
-            "--out",
-            str(tmp_path / "r.json"),
-            "--true-throughput",
-            "0",
-        ]
-    )
+    out = ["--out", str(tmp_path / "r.json")]
+    code = main(["simulate", "--trace", str(GCP_TRACE), "--job", str(job), "--policy", "greedy", *out, *flags])
     assert code == 2
-    assert "--true-throughput=0" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_true_throughput_slows_down_from_its_hour():
