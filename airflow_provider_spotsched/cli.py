@@ -37,6 +37,7 @@ from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
 from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 from airflow_provider_spotsched.scheduling.selector_store import SelectorStoreError, starting_state, store_round
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 from airflow_provider_spotsched.simulation.evaluation import (
     POLICY_SPECS,
     EvaluationError,
@@ -92,6 +93,7 @@ def read_job(path: Path, max_instances_limit: int = DEFAULT_MAX_INSTANCES_LIMIT)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    truth = true_throughput(args)
     params = dict(parse_param(p) for p in args.param)
     job = read_job(args.job, args.max_instances_limit)
     pools = [p.strip() for p in args.pools.split(",")] if args.pools is not None else None
@@ -103,7 +105,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         policy = make_policy(args.policy, seeded_params(args.policy, params, args.seed))
     except (ValueError, TypeError) as exc:
         raise InputError(f"--policy {args.policy}: {exc}") from None
-    result = simulate(policy, job, market)
+    result = simulate(policy, job, market, truth, not args.no_throughput_estimate)
     _write_json(args.out, result.to_dict())
     out = result.outcome
     finish = "never completed" if out.completion_hours is None else f"completed at {out.completion_hours:.2f} h"
@@ -115,9 +117,32 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def true_throughput(args: argparse.Namespace) -> TrueThroughput:
+    """The simulated job's real throughput from ``--true-throughput`` and ``--slowdown-*``."""
+    try:
+        return TrueThroughput(args.true_throughput, args.slowdown_at_hours, args.slowdown_factor)
+    except ValueError as exc:
+        flags = {"factor": "--true-throughput", "slowdown_at_hours": "--slowdown-at-hours", "slowdown_factor": "--slowdown-factor"}
+        text = re.sub(r"\b(" + "|".join(flags) + r")\b", lambda m: flags[m.group(1)], str(exc))
+        raise InputError(text) from None
+
+
+def add_throughput_flags(parser: argparse.ArgumentParser) -> None:
+    """The simulator's true-throughput options, shared by ``simulate`` and ``evaluate``."""
+    parser.add_argument("--true-throughput", type=float, default=1.0, metavar="F",
+                        help="the job really runs at F x its declared throughput (e.g. 0.77: declared 30%% too high)")
+    parser.add_argument("--slowdown-at-hours", type=float, metavar="H",
+                        help="from the slot starting at or after H hours the throughput slows down by --slowdown-factor")
+    parser.add_argument("--slowdown-factor", type=float, default=1.0, metavar="F",
+                        help="the multiple of the throughput after --slowdown-at-hours (e.g. 0.77)")
+    parser.add_argument("--no-throughput-estimate", action="store_true",
+                        help="policies plan on the declared throughput, not on the one measured so far (the old behaviour)")
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from airflow_provider_spotsched.simulation.report import write_report  # imports matplotlib: only here
 
+    truth = true_throughput(args)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -131,7 +156,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             overhead=tuple(args.overhead),
             policies=tuple(args.policies),
             base_hours=args.base_hours,
+            hard_deadline_factor=args.hard_deadline_factor,
             seed=args.seed,
+            true_throughput=truth,
+            estimate_throughput=not args.no_throughput_estimate,
         )
         evaluation = evaluate(config, workers=args.workers, on_progress=_ProgressLine())
     except (EvaluationError, TraceError) as exc:
@@ -429,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-instances-limit", type=int, default=DEFAULT_MAX_INSTANCES_LIMIT, metavar="N",
                      help="refuse a job with max_instances above N (default %(default)s)")
     sim.add_argument("--out", type=Path, required=True, help="where to write the simulation-result JSON")
+    add_throughput_flags(sim)
     sim.set_defaults(run=cmd_simulate)
 
     default = GridConfig()
@@ -445,7 +474,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="reconfiguration overheads, hours")
     ev.add_argument("--base-hours", type=float, default=default.base_hours,
                     help="hours the job takes on N_max on-demand instances, without overhead")
+    ev.add_argument("--hard-deadline-factor", type=float, default=default.hard_deadline_factor,
+                    help="hard deadline as a multiple of the soft one (default %(default)s)")
     ev.add_argument("--seed", type=int, default=default.seed, help="base seed of seeded policies")
+    add_throughput_flags(ev)
     ev.add_argument("--workers", "--jobs", "-j", type=int, default=2, help="worker processes")
     ev.set_defaults(run=cmd_evaluate)
 

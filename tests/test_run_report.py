@@ -122,6 +122,14 @@ def test_a_run_in_progress_shows_what_exists_so_far():
     assert f"<th>Next decision</th><td>{last['next_decision']}</td>" in html
     assert f"<th>Training loss</th><td>{last['training']['loss']:.4g}</td>" in html
     assert "(decided, being applied)" in html
+    assert "Planning on" not in html, "a log from before the throughput estimate shows none"
+
+
+def test_a_live_run_shows_the_throughput_it_plans_on():
+    log = sample_in_progress_log(10)
+    log[-1]["throughput"] = {"alpha": 0.7692, "beta": 0.0}
+    html = render_run_report(log, None, "run")
+    assert "<th>Planning on</th><td>H(n) = 0.7692 n + 0 work units/h (measured so far)</td>" in html
 
 
 def test_the_slot_table_has_a_row_per_slot_and_marks_the_preemption(finished_html):

@@ -16,7 +16,9 @@ and the selector's member carry over exactly.
 
 Billing follows the spec: a slot costs ``slot_hours`` x the hourly price of the allocation
 applied at its start, and the completion slot only up to the completion instant. Progress is
-what the training runtime reports, not ``H(n)``; ``H(n)`` remains the policies' planning model.
+what the training runtime reports, not ``H(n)``; ``H(n)`` remains the policies' planning model,
+with its throughput re-estimated each slot from the work measured in the slots before
+(:mod:`~airflow_provider_spotsched.scheduling.throughput_estimate`), recorded per slot.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
+from airflow_provider_spotsched.scheduling.throughput_estimate import (
+    ThroughputEstimate,
+    throughput_from_dict,
+    throughput_to_dict,
+)
 
 STATE_VERSION = 1
 LOG_FORECAST_SLOTS = 24
@@ -144,6 +151,7 @@ class SlotRecord:
     next_decision: str | None = None  # wall-clock time of the next slot boundary, once known
     deadline_hours: float | None = None  # the job's deadlines, for a live view that has no result yet
     hard_deadline_hours: float | None = None
+    throughput: dict[str, float] | None = None  # H(n) the policy planned on: the estimate; None = the declared one
 
 
 class OnlineRun:
@@ -303,6 +311,7 @@ class OnlineRun:
             training=dict(training) if training is not None else None,
             deadline_hours=job.deadline_hours,
             hard_deadline_hours=job.hard_deadline_hours,
+            throughput=throughput_to_dict(observation.job.throughput),
         )
         if record.plan is not None:
             record.plan.insert(0, record.allocation)
@@ -486,19 +495,27 @@ class OnlineRun:
     # -- internals ------------------------------------------------------------------------
 
     def _observation(self, slot: int, work_done: float | None = None) -> Observation:
-        """What the policy knew at ``slot``: recorded for past slots, ``work_done`` for this one."""
+        """What the policy knew at ``slot``: recorded for past slots, ``work_done`` for this one.
+
+        The job carries the throughput the policy planned on: the recorded estimate for a past
+        slot (the declared one in a log from before the estimate), a fresh one for this slot.
+        """
         row = self.history_slots + slot
+        job = self.config.job
         if slot < len(self.records) and self.records[slot].slot == slot:
             record = self.records[slot]
             work, cost = record.work_done, record.cost_so_far
+            if record.throughput is not None:
+                job = replace(job, throughput=throughput_from_dict(record.throughput))
         else:
             work, cost = (work_done or 0.0), self.cost
+            job = self._estimate(work).job(job)
         previous = Allocation.idle(len(self.config.pools))
         applied = self.records[slot - 1].applied if slot > 0 else None
         if applied is not None:
             previous = allocation_from_dict(applied, self.config.pools)
         return Observation(
-            job=self.config.job,
+            job=job,
             slot=slot,
             past=self.market.prefix(row + 1),
             past_offset=self.history_slots,
@@ -506,6 +523,26 @@ class OnlineRun:
             cost_so_far=cost,
             previous=previous,
         )
+
+    def _estimate(self, work_done: float) -> ThroughputEstimate:
+        """The throughput measured over the slots decided so far, ``work_done`` at the current one.
+
+        A slot's work is the measured work at the next boundary less that at its own; its
+        effective hours lose the reconfiguration overhead when what ran differs from the slot
+        before. Skipped: a slot with nothing recorded as applied, and one with a preemption,
+        whose lost instances and work rolled back to a checkpoint say nothing about H(n).
+        """
+        job, pools = self.config.job, self.config.pools
+        estimate = ThroughputEstimate(job.throughput)
+        ends = [r.work_done for r in self.records[1:]] + [work_done]
+        previous, preemptions = Allocation.idle(len(pools)), 0
+        for record, end in zip(self.records, ends):
+            applied = allocation_from_dict(record.applied or {}, pools)
+            lost = job.reconfig_overhead_hours if applied.total and applied != previous else 0.0
+            if record.applied is not None and record.preemptions <= preemptions:
+                estimate.observe(applied.total, max(job.slot_hours - lost, 0.0), max(end - record.work_done, 0.0))
+            previous, preemptions = applied, record.preemptions
+        return estimate
 
     def _slot_bill(self, hours: float) -> float:
         record = self.records[-1] if self.records else None

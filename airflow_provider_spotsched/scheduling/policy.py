@@ -62,12 +62,15 @@ class Policy(ABC):
     A policy that plans on forecasts keeps its model in ``forecaster``, which a caller holding
     forecasts of its own (the step-by-step solver operator) may replace; ``None``: the policy plans
     without forecasts. A reference policy that needs the job's realised market (the hindsight
-    optimum) sets ``uses_future`` and implements :meth:`reveal`; no online run accepts it.
+    optimum) sets ``uses_future`` and implements :meth:`reveal`; no online run accepts it. A
+    ``hindsight`` one also knows the job's true throughput: the simulator shows it that instead
+    of the declared one or its estimate (a perfect market forecast alone does not set it).
     """
 
     name: str = "policy"
     forecaster: Forecaster | None = None
     uses_future: bool = False
+    hindsight: bool = False
 
     def reset(self, job: Job) -> None:  # noqa: B027 - optional hook
         """Forget any state from a previous job; called before the first slot."""

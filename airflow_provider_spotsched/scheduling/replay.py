@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -18,6 +18,8 @@ from airflow_provider_spotsched.market.slots import SlotMarket, resample
 from airflow_provider_spotsched.market.trace import Trace, TraceError, format_timestamp
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, Outcome, Progress, advance, outcome
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.throughput_estimate import ThroughputEstimate
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 
 DEFAULT_LOOKBACK_HOURS = 7 * 24.0
 
@@ -70,9 +72,11 @@ class SimulationResult:
     allocations: list[Allocation]
     outcome: Outcome
     decision_seconds: list[float] = field(default_factory=list)
+    true_throughput: TrueThroughput | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec's simulation-result JSON object."""
+        """The spec's simulation-result JSON object, plus the true throughput when it was not the
+        declared one (the numbers follow from the slots, the trace, the job and it)."""
         slots = [
             {
                 "slot": t,
@@ -81,15 +85,34 @@ class SimulationResult:
             }
             for t, a in enumerate(self.allocations)
         ]
-        return {"policy": self.policy, "job": self.job.to_dict(), "slots": slots, **self.outcome.to_dict()}
+        truth = {} if self.true_throughput is None or self.true_throughput.is_declared else {
+            "true_throughput": asdict(self.true_throughput)
+        }
+        return {"policy": self.policy, "job": self.job.to_dict(), **truth, "slots": slots, **self.outcome.to_dict()}
 
 
-def simulate(policy: Policy, job: Job, job_market: JobMarket) -> SimulationResult:
-    """Run ``policy`` on ``job`` until completion or the hard deadline's slot."""
+def simulate(
+    policy: Policy,
+    job: Job,
+    job_market: JobMarket,
+    true_throughput: TrueThroughput | None = None,
+    estimate_throughput: bool = True,
+) -> SimulationResult:
+    """Run ``policy`` on ``job`` until completion or the hard deadline's slot.
+
+    The work done follows ``true_throughput`` (default: the declared one). An online policy sees
+    the job with its throughput estimated from the work measured so far
+    (:class:`~airflow_provider_spotsched.scheduling.throughput_estimate.ThroughputEstimate`), or
+    the declared one with ``estimate_throughput=False`` (the behaviour before the estimate). A
+    ``hindsight`` policy (the optimum) plans on the true throughput (its slowest, under a slowdown).
+    """
     market, offset = job_market.market, job_market.offset
     if market.num_slots < offset + job.horizon_slots:
         raise TraceError(f"the market has {market.num_slots - offset} slots after submission; the job needs {job.horizon_slots}")
-    policy.reset(job)
+    truth = true_throughput or TrueThroughput()
+    hindsight = truth.slowest_job(job) if policy.hindsight else None
+    estimate = ThroughputEstimate(job.throughput) if estimate_throughput and hindsight is None else None
+    policy.reset(hindsight or job)
     if policy.uses_future:
         policy.reveal(job_market.job_slots)
     progress = Progress()
@@ -100,7 +123,7 @@ def simulate(policy: Policy, job: Job, job_market: JobMarket) -> SimulationResul
     for t in range(job.horizon_slots):
         row = offset + t
         observation = Observation(
-            job=job,
+            job=hindsight or (estimate.job(job) if estimate is not None else job),
             slot=t,
             past=market.prefix(row + 1),
             past_offset=offset,
@@ -116,7 +139,11 @@ def simulate(policy: Policy, job: Job, job_market: JobMarket) -> SimulationResul
         except ValueError as exc:
             raise PolicyError(f"policy {policy.label} at slot {t}: {exc}") from None
         allocations.append(allocation)
-        results.append(advance(job, progress, allocation, market.spot_price[row], market.on_demand_price))
+        real = truth.job_at(job, t * job.slot_hours)
+        result = advance(real, progress, allocation, market.spot_price[row], market.on_demand_price)
+        results.append(result)
         if progress.done:
             break
-    return SimulationResult(policy.label, job, market.pools, allocations, outcome(job, progress, results), timings)
+        if estimate is not None:
+            estimate.observe(allocation.total, result.effective_hours, result.progress)
+    return SimulationResult(policy.label, job, market.pools, allocations, outcome(job, progress, results), timings, truth)

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ from airflow_provider_spotsched.scheduling.policy import Policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket, SimulationResult, job_market, simulate
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, job_context
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 from airflow_provider_spotsched.simulation.forecaster_value import Origin, chc_forecaster, submission_errors
 
 if TYPE_CHECKING:
@@ -123,6 +124,8 @@ class GridConfig:
     lookback_hours: float = 7 * 24.0
     min_lookback_hours: float = 2 * 24.0
     seed: int = 0
+    true_throughput: TrueThroughput = TrueThroughput()
+    estimate_throughput: bool = True
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in POLICY_SPECS]
@@ -151,6 +154,7 @@ class GridConfig:
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["throughput"] = {"alpha": self.throughput.alpha, "beta": self.throughput.beta}
+        data["true_throughput"] = asdict(self.true_throughput)
         return data
 
 
@@ -321,9 +325,14 @@ def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], se
     rows = []
     for key in keys:
         spec = POLICY_SPECS[key]
-        rows.append(make_row(scenario, spec, simulate(spec.build(config.seed + scenario.index), job, market)))
+        rows.append(make_row(scenario, spec, simulate(spec.build(config.seed + scenario.index), job, market, *_truth(config))))
     utilities = _build_selector(config.seed).counterfactual_utilities(job, market) if selector else None
     return ScenarioRun(scenario, rows, utilities)
+
+
+def _truth(config: GridConfig) -> tuple[TrueThroughput, bool]:
+    """:func:`simulate`'s true throughput and whether the policies see the estimate."""
+    return config.true_throughput, config.estimate_throughput
 
 
 def run_selector(
@@ -371,7 +380,7 @@ def run_selector(
         context = job_context(job)
         fresh = not selector.knows(job)
         selector.set_next_draw(draws[scenario.index])
-        row = make_row(scenario, spec, simulate(selector, job, market))  # the round opens at slot 0
+        row = make_row(scenario, spec, simulate(selector, job, market, *_truth(config)))  # the round opens at slot 0
         played = selector.current_round
         if played is None:
             raise EvaluationError(f"the selector opened no round on scenario {scenario.index}, yet it draws one at slot 0")

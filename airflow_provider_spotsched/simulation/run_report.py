@@ -256,6 +256,10 @@ def _summary(log: Sequence[Mapping[str, Any]], result: Mapping[str, Any] | None)
         if training.get("samples_per_second"):
             rows.append(("Measured throughput", f"{float(training['samples_per_second']):.4g} samples/s on "
                          f"{int(training.get('world_size') or 0)} worker(s)"))
+        planned = last.get("throughput")
+        if planned:  # the estimate from the work measured so far (throughput_estimate); older logs lack it
+            rows.append(("Planning on", f"H(n) = {float(planned['alpha']):.4g} n + {float(planned.get('beta', 0.0)):.4g} "
+                         "work units/h (measured so far)"))
     table = "".join(f"<tr><th>{label}</th><td>{value}</td></tr>" for label, value in rows)
     return f"<p>{status}</p><table class=\"summary\">{table}</table>"
 

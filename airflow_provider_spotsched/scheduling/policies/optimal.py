@@ -18,6 +18,7 @@ class OptimalPolicy(Policy):
 
     name = "optimal"
     uses_future = True
+    hindsight = True
 
     def __init__(self) -> None:
         self._market: SlotMarket | None = None

@@ -1,0 +1,241 @@
+"""The measured throughput: the estimator, the simulator's true throughput, and the online run."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+
+from airflow_provider_spotsched import GCP_TRACE
+from airflow_provider_spotsched.cli import main
+from airflow_provider_spotsched.market.slots import SlotMarket, resample
+from airflow_provider_spotsched.scheduling.model import Allocation, JobError, Progress, Throughput, advance
+from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
+from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
+from airflow_provider_spotsched.scheduling.throughput_estimate import ThroughputEstimate
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
+from airflow_provider_spotsched.simulation.evaluation import GridConfig
+from tests.markets import make_job
+
+DECLARED = Throughput(2.0, 1.0)
+SLOWER = 1 / 1.3  # the throughput declared 30% too high
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+HISTORY = 48
+
+
+def measured(estimate: ThroughputEstimate, ratio: float, slots: int, n: int = 4, hours: float = 1.0) -> None:
+    for _ in range(slots):
+        estimate.observe(n, hours, ratio * hours * DECLARED(n))
+
+
+def test_before_any_measurement_the_estimate_is_the_declaration():
+    estimate = ThroughputEstimate(DECLARED)
+    job = make_job()
+    assert estimate.factor == 1.0 and estimate.job(job) is job
+    estimate.observe(0, 1.0, 0.0)  # paused: nothing learnt
+    estimate.observe(2, 0.0, 0.0)  # all time lost to reconfiguration
+    assert estimate.weight == 0.0
+
+
+def test_a_slower_job_is_believed_from_the_first_slot_and_converges():
+    estimate = ThroughputEstimate(DECLARED)
+    measured(estimate, 0.7, 1)
+    assert estimate.factor == pytest.approx(0.7)  # bad news at once: the bound ignores the prior
+    measured(estimate, 0.7, 20)
+    assert estimate.factor == pytest.approx(0.7)
+    assert estimate.throughput() == Throughput(pytest.approx(1.4), pytest.approx(0.7))
+
+
+def test_a_faster_job_is_believed_slowly_through_the_prior():
+    estimate = ThroughputEstimate(DECLARED, prior_hours=2.0)
+    measured(estimate, 1.2, 1)
+    assert 1.0 < estimate.factor < 1.2
+    prior = 2.0 * 0.5 ** (1.0 / estimate.half_life_hours)  # the prior fades like a measurement
+    assert estimate.factor == pytest.approx((prior + 1.2) / (prior + 1.0))
+    measured(estimate, 1.2, 30)
+    assert estimate.factor == pytest.approx(1.2, rel=0.01)
+
+
+def test_a_mid_job_slowdown_takes_over_within_a_few_slots():
+    estimate = ThroughputEstimate(DECLARED)
+    measured(estimate, 1.0, 20)
+    factors = []
+    for _ in range(8):
+        measured(estimate, 0.7, 1)
+        factors.append(estimate.factor)
+    assert factors[0] < 0.95  # the spread of old and new widens the bound at once
+    assert all(b <= a + 1e-12 for a, b in zip(factors, factors[1:]))
+    assert factors[5] < 0.75
+    assert factors[-1] == pytest.approx(0.7, abs=0.02)
+
+
+def test_noisy_measurements_are_estimated_below_their_mean():
+    rng = np.random.default_rng(0)
+    estimate = ThroughputEstimate(DECLARED)
+    ratios = rng.normal(0.9, 0.05, 40)
+    for ratio in ratios:
+        estimate.observe(4, 1.0, ratio * DECLARED(4))
+    assert 0.8 < estimate.factor < 0.9  # conservative, yet close
+    assert estimate.factor < estimate.shrunk_factor
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"half_life_hours": 0.0}, "half_life_hours"),
+        ({"prior_hours": -1.0}, "prior_hours"),
+        ({"confidence_z": float("nan")}, "confidence_z"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(kwargs, field):
+    with pytest.raises(JobError, match=field):
+        ThroughputEstimate(DECLARED, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"factor": 0.0}, "factor"),
+        ({"factor": -0.5}, "factor"),
+        ({"factor": 1.0, "slowdown_at_hours": 3.0, "slowdown_factor": 0.0}, "slowdown_factor"),
+        ({"factor": 1.0, "slowdown_at_hours": -1.0, "slowdown_factor": 0.7}, "slowdown_at_hours"),
+        ({"factor": 1.0, "slowdown_factor": 0.7}, "slowdown_factor"),
+    ],
+)
+def test_a_true_throughput_factor_of_zero_or_less_is_refused(kwargs, field):
+    with pytest.raises(JobError, match=f"^{field}="):
+        TrueThroughput(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--true-throughput", "0"], "--true-throughput=0"),
+        (["--slowdown-factor", "0.7"], "--slowdown-factor=0.7 needs --slowdown-at-hours"),
+    ],
+)
+def test_the_cli_names_the_flag_of_a_bad_factor(tmp_path, capsys, flags, message):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(make_job().to_dict()))
+    out = ["--out", str(tmp_path / "r.json")]
+    code = main(["simulate", "--trace", str(GCP_TRACE), "--job", str(job), "--policy", "greedy", *out, *flags])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_true_throughput_slows_down_from_its_hour():
+    truth = TrueThroughput(0.9, slowdown_at_hours=5.0, slowdown_factor=0.5)
+    job = make_job()
+    assert truth.job_at(job, 4.0).throughput.alpha == pytest.approx(0.9)
+    assert truth.job_at(job, 5.0).throughput.alpha == pytest.approx(0.45)
+    assert truth.slowest_job(job).throughput.alpha == pytest.approx(0.45)
+    assert TrueThroughput().job_at(job, 3.0) is job
+
+
+# A market where spot is cheap for nine slots and then comes and goes: a policy that believes
+# the declared throughput banks on it and runs out of time; found by a search over such markets.
+AVAILABLE = [4] * 9 + [0, 0, 0, 4, 4, 0, 0, 0, 4, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 4, 0]
+
+
+def intermittent_market() -> SlotMarket:
+    slots = len(AVAILABLE)
+    return SlotMarket(
+        pools=("a",),
+        start=NOW,
+        slot_hours=1.0,
+        spot_price=np.full((slots, 1), 0.3),
+        available=np.asarray(AVAILABLE, int)[:, None],
+        on_demand_price=1.0,
+    )
+
+
+def tight_job():
+    """10 h of work on 4 instances as declared (13 h in truth), deadline 18 h, no hard slack."""
+    return make_job(work=40.0, deadline_hours=18.0, max_instances=4, value=100.0, hard_deadline_factor=1.0, reconfig_overhead_hours=0.25)
+
+
+@pytest.mark.parametrize("policy, params", [("uniform-progress", {}), ("chc", {"forecaster": "persistence"})])
+def test_the_estimate_meets_a_deadline_the_declared_throughput_misses(policy, params):
+    market, job, truth = JobMarket(intermittent_market(), 0), tight_job(), TrueThroughput(SLOWER)
+    job.check_feasible()
+    blind = simulate(make_policy(policy, params), job, market, truth, estimate_throughput=False)
+    measuring = simulate(make_policy(policy, params), job, market, truth)
+    assert blind.outcome.hard_miss
+    assert not measuring.outcome.hard_miss and not measuring.outcome.soft_miss
+    assert measuring.to_dict()["true_throughput"]["factor"] == pytest.approx(SLOWER)
+
+
+def test_the_estimate_changes_nothing_when_the_declaration_is_right():
+    market, job = JobMarket(intermittent_market(), 0), tight_job()
+    for policy in ("greedy", "uniform-progress", "prediction-free"):
+        with_estimate = simulate(make_policy(policy, {}), job, market)
+        without = simulate(make_policy(policy, {}), job, market, estimate_throughput=False)
+        assert with_estimate.allocations == without.allocations
+        assert "true_throughput" not in with_estimate.to_dict()
+
+
+def test_optimal_plans_on_the_true_throughput():
+    market, job, truth = JobMarket(intermittent_market(), 0), tight_job(), TrueThroughput(SLOWER)
+    result = simulate(make_policy("optimal", {}), job, market, truth)
+    assert not result.outcome.soft_miss
+    work = sum(s.progress for s in result.outcome.slots)
+    assert work == pytest.approx(job.work)
+
+
+def test_grid_config_carries_the_truth_into_its_record():
+    config = GridConfig(scenarios=1, n_max=(2,), slack=(1.5,), overhead=(0.1,), true_throughput=TrueThroughput(0.8))
+    assert config.to_dict()["true_throughput"] == {"factor": 0.8, "slowdown_at_hours": None, "slowdown_factor": 1.0}
+    assert config.estimate_throughput
+
+
+@pytest.fixture(scope="module")
+def gcp_market(gcp_trace):
+    first = datetime.fromtimestamp(gcp_trace.first_time, timezone.utc)
+    return resample(gcp_trace, first, 1.0, HISTORY + 40, ["us-central1-a", "us-east5-a", "europe-west1-c"])
+
+
+def drive_slower(run: OnlineRun, market: SlotMarket, truth: TrueThroughput) -> OnlineRun:
+    """Run to completion on the true throughput, resuming from JSON state at every slot."""
+    progress = Progress()
+    while True:
+        run = OnlineRun.from_state(json.loads(json.dumps(run.to_state())))
+        record = run.decide(progress.work_done, NOW + timedelta(hours=run.slot))
+        applied = Allocation(tuple(record.allocation["spot"].get(p, 0) for p in run.config.pools), record.allocation["on_demand"])
+        run.applied(applied)
+        row = HISTORY + run.slot
+        real = truth.job_at(run.config.job, run.slot * run.config.job.slot_hours)
+        step = advance(real, progress, applied, market.spot_price[row], market.on_demand_price)
+        if step.completion_hours is not None:
+            run.complete(step.completion_hours)
+            return run
+        run.observe(market.spot_price[row + 1], market.available[row + 1])
+
+
+@pytest.mark.parametrize("policy", ["uniform-progress", "chc"])
+def test_an_online_run_estimates_as_the_simulator_does_across_restarts(gcp_market, policy):
+    job = make_job(work=60.0, deadline_hours=20.0, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
+    truth = TrueThroughput(SLOWER, slowdown_at_hours=6.0, slowdown_factor=0.9)
+    config = RunConfig("run-slow", job, gcp_market.pools, policy=policy, forecaster="persistence")
+    run = drive_slower(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, truth)
+    reference = simulate(make_policy(policy, {}), job, JobMarket(gcp_market, HISTORY), truth)
+    assert run.result()["cost"] == pytest.approx(reference.outcome.cost, rel=1e-9)
+    assert run.result()["completion_hours"] == pytest.approx(reference.outcome.completion_hours)
+    log = run.decision_log()
+    assert log[0]["throughput"] == {"alpha": 1.0, "beta": 0.0}
+    assert log[1]["throughput"]["alpha"] == pytest.approx(SLOWER)
+    assert log[-1]["throughput"]["alpha"] < SLOWER  # the slowdown was measured too
+
+
+def test_an_online_state_from_before_the_estimate_still_loads(gcp_market):
+    run = OnlineRun.start(RunConfig("run-old", make_job(), gcp_market.pools), gcp_market.prefix(HISTORY + 1), NOW)
+    run.decide(0.0, NOW)
+    state = json.loads(json.dumps(run.to_state()))
+    del state["records"][0]["throughput"]
+    restored = OnlineRun.from_state(state)
+    assert restored.records[0].throughput is None
+    restored.next_slot(gcp_market.spot_price[HISTORY + 1], gcp_market.available[HISTORY + 1])
+    restored.decide(1.0, NOW + timedelta(hours=1))  # the old slot replays on the declared throughput
+    assert restored.records[1].throughput is not None
