@@ -62,12 +62,15 @@ class Policy(ABC):
     A policy that plans on forecasts keeps its model in ``forecaster``, which a caller holding
     forecasts of its own (the step-by-step solver operator) may replace; ``None``: the policy plans
     without forecasts. A reference policy that needs the job's realised market (the hindsight
-    optimum) sets ``uses_future`` and implements :meth:`reveal`; no online run accepts it.
+    optimum) sets ``uses_future`` and implements :meth:`reveal`; no online run accepts it. A
+    policy ported from single-instance work sets ``single_instance`` and refuses N_max > 1 in
+    :meth:`reset`, so that callers (the evaluation) can run it on N_max = 1 jobs only.
     """
 
     name: str = "policy"
     forecaster: Forecaster | None = None
     uses_future: bool = False
+    single_instance: bool = False
 
     def reset(self, job: Job) -> None:  # noqa: B027 - optional hook
         """Forget any state from a previous job; called before the first slot."""
