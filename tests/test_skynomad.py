@@ -103,11 +103,13 @@ def test_cloud_region_reads_gcp_and_aws_zone_names():
 
 
 def test_up_ap_moves_once_the_running_pool_scores_under_nine_tenths_of_the_best():
-    # pool 1 is half the price and on offer from slot 1: its rate per dollar is 1.0 at slot 1
-    # (no move: not 10% better), 1.33 at slot 2 (move).
+    # Pool 1 is half the price and on offer from slot 1. Its samples (launch attempt and probe at
+    # slot 0 failed, then one probe a slot) give it 0/2, 1/3, 2/4, 3/5 successes: 0, 0.67, 1.0,
+    # 1.2 per dollar at slots 1-4, against pool 0's 1.0 (every sample a success). It moves at slot
+    # 4, the first time 1.0 < 0.9 x the best.
     spots = market([1.0, 0.5], [[1, 0], [1, 1]])
-    assert pools_used(simulate(make_policy("up-ap"), single(), whole(spots)))[:4] == [0, 0, 1, 1]
-    assert pools_used(simulate(make_policy("up-s"), single(), whole(spots)))[:4] == [0, 0, 0, 0]
+    assert pools_used(simulate(make_policy("up-ap"), single(), whole(spots)))[:6] == [0, 0, 0, 0, 1, 1]
+    assert pools_used(simulate(make_policy("up-s"), single(), whole(spots)))[:6] == [0] * 6
 
 
 @pytest.mark.parametrize(("price", "moves"), [(0.05, True), (0.95, False)])

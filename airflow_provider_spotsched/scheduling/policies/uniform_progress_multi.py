@@ -18,12 +18,16 @@ They differ in which pool a fresh spot launch takes:
 
 - ``up-s`` (the artifact's ``multi_region_rc_cr_threshold_eager_failover``): cheapest pool
   first, but the pools in the cloud region of the last pool the job ran spot on go last
-  (SkyPilot's EAGER_NEXT_REGION: a region that just preempted us tends to do it again).
+  (SkyPilot's EAGER_NEXT_REGION: a region that just preempted us tends to do it again). As in
+  the artifact, a pool is that last pool once its instance was still running at the start of a
+  slot; one preempted after a single slot leaves the one before it in place.
 - ``up-ap`` (``multi_region_probe_cost_ratio``): the pool with the highest probe success rate
-  per dollar, rate / spot price. The artifact probes each region once an interval; this
-  model's policy sees every pool's availability each slot, so a pool's rate is the share of
-  the job's slots so far in which it offered an instance (0.5 before any). A running spot
-  instance moves only when its pool scores under 0.9 of the best pool's score.
+  per dollar, rate / spot price, the rate over every sample since submission (0.5 before
+  any). The samples are the artifact's: each launch attempt, in rank order; every 60 minutes
+  (its default interval), a probe of each pool but the one running, which in this model is
+  reading the pool's available count, and a heartbeat success for the running pool; a failure
+  when that pool preempts. A running spot instance
+  moves only when its pool scores under 0.9 of the best pool's score.
 
 Mapping onto this model: the artifact's on-demand instance lives in a region; here on-demand
 is one pool-less price, so the region the job last ran in is that of its last spot pool; and
@@ -42,6 +46,9 @@ import numpy as np
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, JobError
 from airflow_provider_spotsched.scheduling.policies.safety_net import SafetyNetPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
+
+PROBE_INTERVAL_HOURS = 1.0
+"""UP(AP) samples each pool once this often (the artifact's default 60 minutes)."""
 
 SWITCH_RATIO = 0.9
 """UP(AP) moves a running spot instance only when its pool scores under this share of the best."""
@@ -132,8 +139,8 @@ class UPSPolicy(MultiRegionUniformProgress):
     def spot_pool(self, observation: Observation) -> int | None:
         offered = self.offered(observation)
         current = running_pool(observation.previous)
-        if current is not None:
-            self._last_pool = current
+        if current is not None and observation.available[current] >= 1:
+            self._last_pool = current  # as the artifact: a pool counts once it was still running at a slot's start
         if current in offered:
             return current
         if not offered:
@@ -144,24 +151,67 @@ class UPSPolicy(MultiRegionUniformProgress):
 
 
 class UPAPPolicy(MultiRegionUniformProgress):
-    """UP(AP): spot in the pool with the best availability per dollar seen so far."""
+    """UP(AP): spot in the pool with the best probe success rate per dollar seen so far."""
 
     name = "up-ap"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._successes: list[int] = []
+        self._probes: list[int] = []
+        self._next: list[int] = []  # the slot from which a pool is due a sample again
+        self._main: int | None = None
+        self._interval = 1
+
+    def reset(self, job: Job) -> None:
+        super().reset(job)
+        self._successes, self._probes, self._next, self._main = [], [], [], None
+        self._interval = max(1, round(PROBE_INTERVAL_HOURS / job.slot_hours))
+
+    def _record(self, pool: int, success: bool) -> None:
+        self._probes[pool] += 1
+        self._successes[pool] += int(success)
+
+    def choose(self, observation: Observation) -> Allocation:
+        if not self._probes:
+            self._successes = [0] * observation.past.num_pools
+            self._probes = [0] * observation.past.num_pools
+            self._next = [0] * observation.past.num_pools
+        if self._main is not None:
+            if running_pool(observation.previous) == self._main and observation.available[self._main] >= 1:
+                if observation.slot >= self._next[self._main]:
+                    self._record(self._main, True)  # the running instance's heartbeat
+                    self._next[self._main] = observation.slot + self._interval
+            else:
+                self._record(self._main, False)  # preempted (or left): a failed sample
+                self._main = None
+        return super().choose(observation)
+
     def scores(self, observation: Observation) -> np.ndarray:
-        """Each pool's share of the job's slots so far with an instance on offer, per USD of spot."""
-        seen = np.asarray(observation.past.available[observation.past_offset :]) >= 1
-        success = seen.mean(axis=0) if len(seen) else np.full(observation.past.num_pools, 0.5)
+        """Each pool's probe success rate (0.5 before any probe) per USD of spot now."""
+        probes = np.asarray(self._probes, dtype=float)
+        rate = np.where(probes > 0, np.asarray(self._successes) / np.where(probes > 0, probes, 1.0), 0.5)
         price = np.asarray(observation.spot_price, dtype=float)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(price > 0, success / np.where(price > 0, price, 1.0), np.where(success > 0, np.inf, 0.0))
+        return np.where(price > 0, rate / np.where(price > 0, price, 1.0), np.where(rate > 0, np.inf, 0.0))
 
     def spot_pool(self, observation: Observation) -> int | None:
-        offered = self.offered(observation)
-        if not offered:
-            return None
+        offered = set(self.offered(observation))
         score = self.scores(observation)
+        ranked = sorted(range(len(score)), key=lambda m: (-score[m], m))
         current = running_pool(observation.previous)
-        if current in offered and score[current] >= SWITCH_RATIO * score.max():
-            return current
-        return min(offered, key=lambda m: (-score[m], m))
+        choice = None
+        if current in offered and (current == ranked[0] or score[current] >= SWITCH_RATIO * score[ranked[0]]):
+            choice = current
+        else:
+            for pool in ranked:  # launch attempts, each a probe sample
+                self._record(pool, pool in offered)
+                if pool in offered:
+                    choice = pool
+                    self._next[pool] = observation.slot + self._interval
+                    break
+        self._main = choice
+        for pool in range(len(score)):  # the background probes of every other pool that is due one
+            if pool != choice and observation.slot >= self._next[pool]:
+                self._record(pool, observation.available[pool] >= 1)
+                self._next[pool] = observation.slot + self._interval
+        return choice
