@@ -49,13 +49,13 @@ def worker(artifact: str, jobs_file: str) -> None:
     sys.path.insert(0, artifact)
     import logging
 
-    import configargparse  # type: ignore[import-not-found]
+    import configargparse
 
     logging.disable(logging.CRITICAL)
-    from sky_spot import env as env_lib  # type: ignore[import-not-found]
-    from sky_spot import simulate  # type: ignore[import-not-found]
-    from sky_spot.strategies import strategy as strategy_lib  # type: ignore[import-not-found]
-    from sky_spot.task import SingleTask  # type: ignore[import-not-found]
+    from sky_spot import env as env_lib
+    from sky_spot import simulate
+    from sky_spot.strategies import strategy as strategy_lib
+    from sky_spot.task import SingleTask
 
     for job in json.loads(Path(jobs_file).read_text()):
         for strategy_name in job["strategies"]:
@@ -156,7 +156,9 @@ def compare(artifact: str, artifact_python: str, starts: int, policies: list[str
     # The evaluation's grid with these jobs' longest horizon sets the starts; the jobs are built here.
     DEVICES = {str(AWS_TRACE): "v100", str(GCP_TRACE): "h100"}  # p3.2xlarge is one V100
     grid = GridConfig(scenarios=starts, n_max=(1,), slack=(2.0,), overhead=(max(OVERHEADS),), base_hours=WORK_HOURS)
-    jobs, ours, specs = [], {}, []
+    jobs: list[dict[str, Any]] = []
+    ours: dict[tuple[str, str], tuple[Any, float]] = {}
+    specs: list[str] = []
     with tempfile.TemporaryDirectory(prefix="skynomad-crosscheck-") as tmp:
         for trace_path in (str(AWS_TRACE), str(GCP_TRACE)):
             trace = cached_trace(trace_path)
