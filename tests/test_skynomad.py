@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime, timezone
 
 import pytest
 
@@ -11,7 +12,8 @@ from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.spot_lifetime import PoolLifetime
 from airflow_provider_spotsched.scheduling.policies.uniform_progress_multi import cloud_region, running_pool
 from airflow_provider_spotsched.scheduling.replay import simulate
-from airflow_provider_spotsched.simulation.evaluation import DEFAULT_POLICIES, PEERS, POLICY_SPECS
+from airflow_provider_spotsched.simulation.evaluation import DEFAULT_POLICIES, PEERS, POLICY_SPECS, Evaluation, GridConfig
+from airflow_provider_spotsched.simulation.report import summary_markdown
 from tests.markets import make_job, make_market, whole
 
 SLOTS = 40
@@ -41,6 +43,14 @@ def test_the_registry_builds_each_and_the_evaluation_runs_them_on_single_instanc
     assert spec.runs_on(1) and not spec.runs_on(4)
     assert POLICY_SPECS["greedy"].runs_on(4)
     assert name not in DEFAULT_POLICIES  # named with --policies: the documented default grid predates them
+
+
+def test_the_summary_says_which_policies_ran_on_single_instance_scenarios_only():
+    when = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    mixed = summary_markdown(Evaluation(GridConfig(n_max=(1, 4), policies=("on-demand", "skynomad")), []), "cmd", when)
+    assert "`skynomad` run a single instance" in mixed and "N_max = 1 scenarios only" in mixed
+    only_one = summary_markdown(Evaluation(GridConfig(n_max=(1,), policies=("on-demand", "skynomad")), []), "cmd", when)
+    assert "single instance" not in only_one
 
 
 @pytest.mark.parametrize("name", PEERS)
