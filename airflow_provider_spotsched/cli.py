@@ -104,6 +104,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         policy = make_policy(args.policy, seeded_params(args.policy, params, args.seed))
     except (ValueError, TypeError) as exc:
         raise InputError(f"--policy {args.policy}: {exc}") from None
+    if policy.single_instance and job.max_instances != 1:
+        raise InputError(f"{args.job}: max_instances={job.max_instances}: --policy {args.policy} runs a single instance; "
+                         "set max_instances=1, or choose a multi-instance policy such as uniform-progress or chc")
     result = simulate(policy, job, market)
     _write_json(args.out, result.to_dict())
     out = result.outcome
