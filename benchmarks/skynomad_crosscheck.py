@@ -1,4 +1,4 @@
-"""Cross-check the SkyNomad, UP(S) and UP(AP) ports against the SkyNomad artifact's own simulator.
+"""Cross-check the SkyNomad, UP(S) and UP(AP) ports (SkyNomad both ways it can observe pools) against the SkyNomad artifact's own simulator.
 
 Runs the authors' code (github.com/andylizf/skynomad-artifact, Apache-2.0) unchanged and this
 project's ports on the same single-instance jobs and the same hourly markets: per shipped trace,
@@ -33,11 +33,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# Our policy name -> the artifact's --strategy name (the artifact README's mapping).
-ARTIFACT_STRATEGIES = {
-    "skynomad": "unified_cost_model_risk",
-    "up-s": "multi_region_rc_cr_threshold_eager_failover",
-    "up-ap": "multi_region_probe_cost_ratio",
+# Port (as printed) -> (our policy, its parameters, the artifact's --strategy: its README's mapping).
+PORTS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "skynomad": ("skynomad", {}, "unified_cost_model_risk"),
+    "skynomad-lp": ("skynomad", {"observe": "launches-and-probes"}, "unified_cost_model_risk"),
+    "up-s": ("up-s", {}, "multi_region_rc_cr_threshold_eager_failover"),
+    "up-ap": ("up-ap", {}, "multi_region_probe_cost_ratio"),
 }
 WORK_HOURS = 24.0
 DEADLINES = (30.0, 36.0, 48.0)
@@ -126,7 +127,7 @@ def main() -> None:
     parser.add_argument("--artifact", required=True, help="a checkout of github.com/andylizf/skynomad-artifact")
     parser.add_argument("--artifact-python", default=sys.executable, help="a Python with numpy, tqdm, configargparse")
     parser.add_argument("--starts", type=int, default=6, help="submission times per shipped trace")
-    parser.add_argument("--policies", default="skynomad,up-s,up-ap", help=f"of {sorted(ARTIFACT_STRATEGIES)}")
+    parser.add_argument("--policies", default=",".join(PORTS), help=f"of {sorted(PORTS)} (skynomad-lp: observe=launches-and-probes)")
     parser.add_argument("--worker", metavar="JOBS_JSON", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.worker:
@@ -135,9 +136,9 @@ def main() -> None:
     if not (Path(opts.artifact) / "sky_spot" / "strategies" / "unified_cost_model.py").is_file():
         parser.error(f"--artifact {opts.artifact}: no sky_spot/strategies/unified_cost_model.py there; give the checkout")
     policies = opts.policies.split(",")
-    unknown = sorted(set(policies) - set(ARTIFACT_STRATEGIES))
+    unknown = sorted(set(policies) - set(PORTS))
     if unknown:
-        parser.error(f"--policies: no artifact strategy for {unknown}; choose from {sorted(ARTIFACT_STRATEGIES)}")
+        parser.error(f"--policies: no artifact strategy for {unknown}; choose from {sorted(PORTS)}")
     compare(opts.artifact, opts.artifact_python, opts.starts, policies)
 
 
@@ -174,9 +175,10 @@ def compare(artifact: str, artifact_python: str, starts: int, policies: list[str
                         files = write_market(folder, slots, slots.num_slots, DEVICES[trace_path])
                         jobs.append({"id": key, "trace_files": files, "work_hours": WORK_HOURS,
                                      "deadline_hours": deadline, "overhead_hours": overhead,
-                                     "strategies": [ARTIFACT_STRATEGIES[p] for p in policies]})  # fmt: skip
+                                     "strategies": sorted({PORTS[p][2] for p in policies})})  # fmt: skip
                         for name in ("optimal", *policies):
-                            result = simulate(make_policy(name), job, market)
+                            policy, params, _ = PORTS.get(name, (name, {}, ""))
+                            result = simulate(make_policy(policy, params), job, market)
                             ours[(key, name)] = (result.outcome, result.outcome.cost + last_slot_rest(result, slots))
                         specs.append(key)
         jobs_file = Path(tmp) / "jobs.json"
@@ -200,7 +202,7 @@ def compare(artifact: str, artifact_python: str, starts: int, policies: list[str
     for key in specs:
         cells = []
         for name in policies:
-            record = theirs[(key, ARTIFACT_STRATEGIES[name])]
+            record = theirs[(key, PORTS[name][2])]
             cells.append(f"{ours[(key, name)][1] / (record['cost'] - record['probe_cost']):>17.4f}")
         print(f"{key:<58} " + " ".join(cells))
     print()
@@ -212,7 +214,7 @@ def compare(artifact: str, artifact_python: str, starts: int, policies: list[str
     for trace_name in sorted({k.split("|")[0] for k in specs}):
         keys = [k for k in specs if k.startswith(trace_name + "|")]
         for name in policies:
-            strategy = ARTIFACT_STRATEGIES[name]
+            strategy = PORTS[name][2]
             best = np.array([ours[(k, "optimal")][0].cost for k in keys])
             port = np.array([ours[(k, name)][0].cost for k in keys])
             whole = np.array([ours[(k, name)][1] for k in keys])

@@ -67,6 +67,8 @@ def test_each_refuses_a_job_of_more_than_one_instance_naming_the_field_and_the_f
         ({"voi_delta_base": -0.5}, "voi_delta_base=-0.5: a switching margin must be >= 0"),
         ({"voi_k_v": "0.05"}, "voi_k_v='0.05': text, not a number"),
         ({"probe_interval": 6}, "takes no parameter"),
+        ({"observe": "all"}, "observe='all': choose 'every-pool' or 'launches-and-probes'"),
+        ({"probe_interval_slots": 0}, "probe_interval_slots=0: give a whole number of slots >= 1"),
     ],
 )
 def test_skynomad_refuses_bad_parameters_naming_them(params, message):
@@ -79,12 +81,12 @@ def test_skynomad_labels_only_parameters_off_the_artifacts_defaults():
     assert make_policy("skynomad", {"voi_delta_base": 0.0}).label == "skynomad(voi_delta_base=0.0)"
 
 
-@pytest.mark.parametrize("name", PEERS)
+@pytest.mark.parametrize(("name", "params"), [(name, {}) for name in PEERS] + [("skynomad", {"observe": "launches-and-probes"})])
 @pytest.mark.parametrize("overhead", [0.0, 0.25])
-def test_each_meets_the_deadline_when_every_pool_s_spot_vanishes(name, overhead):
+def test_each_meets_the_deadline_when_every_pool_s_spot_vanishes(name, params, overhead):
     # Spot in both pools for 3 slots, then none: the job must finish on on-demand by d.
     job = single(reconfig_overhead_hours=overhead, deadline_hours=12.0)
-    result = simulate(make_policy(name), job, whole(market([1.0, 1.2], [[1, 1]] * 3 + [[0, 0]])))
+    result = simulate(make_policy(name, params), job, whole(market([1.0, 1.2], [[1, 1]] * 3 + [[0, 0]])))
     assert not result.outcome.soft_miss and result.outcome.completion_hours <= job.deadline_hours
     assert result.allocations[0] == Allocation((1, 0), 0)
     assert "od" in pools_used(result)
@@ -140,11 +142,22 @@ def test_skynomad_after_a_preemption_takes_the_other_pool_only_if_progress_is_wo
     assert used[:5] == [0, 0, *after]
 
 
+def test_skynomad_observing_by_launches_and_probes_learns_only_what_it_ran_or_probed():
+    # Pool 1 is probed (on offer) at slot 0 and never again: its outage at slots 2-3 goes unseen,
+    # while a policy that reads every pool's offer each slot records that run's failure.
+    spots = market([1.0, 1.2], [[1, 1], [1, 1], [1, 0], [1, 0], [1, 1]])
+    for observe, failures in (("every-pool", [2.0]), ("launches-and-probes", [])):
+        policy = make_policy("skynomad", {"observe": observe})
+        result = simulate(policy, single(), whole(spots))
+        assert not result.outcome.soft_miss
+        assert policy._pools[1].failures == failures, observe
+
+
 def test_lifetimes_fall_for_a_pool_that_keeps_preempting_and_burst_scaling_starts_after_one_unit_of_risk():
     stable, flaky = PoolLifetime(1.0), PoolLifetime(1.0)
     for slot in range(12):
-        stable.observe(True)
-        flaky.observe(slot % 2 == 0)  # one slot on offer, one slot gone
+        stable.observe(slot, True)
+        flaky.observe(slot, slot % 2 == 0)  # one slot on offer, one slot gone
     assert stable.failures == [] and stable.expected_hours() > 1e6  # never seen failing: only caps bound it
     assert flaky.failures == [1.0] * 6
     assert flaky.expected_hours() < 2.0

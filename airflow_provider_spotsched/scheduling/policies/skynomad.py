@@ -24,9 +24,14 @@ Each slot:
 
 Mapping onto this model: the artifact's checkpoint transfer (egress, migration downtime) is
 not part of this model, which is the artifact with ``checkpoint_size_gb = 0``; on-demand has
-one price, so it has no region to migrate to. Every pool's availability is seen each slot (see
-:mod:`.spot_lifetime`); the artifact observes regions through its launches and probes. The
-artifact schedules one instance; so does this port, refusing ``max_instances > 1``.
+one price (it runs "in" the region the job last ran in, where the artifact's migration penalty
+is 0). ``observe`` says how pools' runs are learnt: ``every-pool`` (the default) reads every
+pool's offer each slot, which this model gives for free; ``launches-and-probes`` learns, as the
+artifact does by default, only from the job's own spot runs (a preemption ends one as a
+failure, the job leaving it as censored) and from one probe of each other pool every
+``probe_interval_slots`` until one finds an instance, whose virtual run then lasts until the
+job launches there (the artifact bills these probes; this model does not). The artifact
+schedules one instance; so does this port, refusing ``max_instances > 1``.
 """
 
 from __future__ import annotations
@@ -34,8 +39,6 @@ from __future__ import annotations
 import inspect
 import math
 from typing import Any
-
-import numpy as np
 
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, as_number
 from airflow_provider_spotsched.scheduling.policies.safety_net import SafetyNetPolicy
@@ -46,6 +49,12 @@ from airflow_provider_spotsched.scheduling.policies.uniform_progress_multi impor
     single_spot,
 )
 from airflow_provider_spotsched.scheduling.policy import Observation
+
+EVERY_POOL = "every-pool"
+LAUNCHES_AND_PROBES = "launches-and-probes"
+OBSERVATIONS = (EVERY_POOL, LAUNCHES_AND_PROBES)
+"""How the policy learns pools' runs: from every pool's offer each slot (free in this model), or
+only from its own launches and a probe of each pool until one succeeds (the artifact's default)."""
 
 VALUE_MARKUP = 1.2
 """V is the reference cost of the remaining work times this (the artifact's constant)."""
@@ -64,8 +73,14 @@ class SkyNomadPolicy(SafetyNetPolicy):
         availability_window_hours: float = 12.0,
         voi_delta_base: float = 0.5,
         voi_k_v: float = 0.05,
+        observe: str = EVERY_POOL,
+        probe_interval_slots: int = 6,
     ) -> None:
         super().__init__()
+        if observe not in OBSERVATIONS:
+            raise ValueError(f"observe={observe!r}: choose {' or '.join(map(repr, OBSERVATIONS))}")
+        if isinstance(probe_interval_slots, bool) or not isinstance(probe_interval_slots, int) or probe_interval_slots < 1:
+            raise ValueError(f"probe_interval_slots={probe_interval_slots!r}: give a whole number of slots >= 1 (the artifact's is 6)")
         for field, value in (
             ("max_prediction_hours", max_prediction_hours),
             ("progress_window_hours", progress_window_hours),
@@ -81,8 +96,21 @@ class SkyNomadPolicy(SafetyNetPolicy):
         self.availability_window_hours = float(availability_window_hours)
         self.voi_delta_base = float(voi_delta_base)
         self.voi_k_v = float(voi_k_v)
+        self.observe = observe
+        self.probe_interval_slots = probe_interval_slots
         self._pools: list[PoolLifetime] = []
         self._done: list[float] = []  # work done at the start of each slot seen
+        self._clear_runs()
+
+    def _clear_runs(self) -> None:
+        """The regions the job ran in, and (observing by launches and probes) its probes."""
+        self._last_region: int | None = None  # the artifact's origin of a migration
+        self._od_region: int | None = None
+        self._active: int | None = None  # the pool of the job's own open spot run
+        self._left_by_us = False
+        self._probing: set[int] = set()
+        self._blocked: set[int] = set()  # pools whose launch failed this slot: not probed
+        self._next_probe: list[int] = []
 
     @classmethod
     def _default(cls, field: str) -> Any:
@@ -91,7 +119,15 @@ class SkyNomadPolicy(SafetyNetPolicy):
     def params(self) -> dict[str, Any]:
         return {
             k: getattr(self, k)
-            for k in ("max_prediction_hours", "progress_window_hours", "availability_window_hours", "voi_delta_base", "voi_k_v")
+            for k in (
+                "max_prediction_hours",
+                "progress_window_hours",
+                "availability_window_hours",
+                "voi_delta_base",
+                "voi_k_v",
+                "observe",
+                "probe_interval_slots",
+            )
             if getattr(self, k) != self._default(k)
         }
 
@@ -100,6 +136,7 @@ class SkyNomadPolicy(SafetyNetPolicy):
         require_single_instance(job, self.name)
         self._pools = []
         self._done = []
+        self._clear_runs()
 
     def choose(self, observation: Observation) -> Allocation:
         self._observe(observation)
@@ -128,28 +165,89 @@ class SkyNomadPolicy(SafetyNetPolicy):
         od_net = value - observation.on_demand_price
         if od_net >= 0 and not previous.on_demand and not (running and od_net <= gate):
             options.append((od_net, on_demand))
-        for net, choice in sorted(options, key=lambda o: -o[0]):
+        region = current if current is not None else self._od_region if previous.on_demand else None
+        if region is not None:
+            self._last_region = region
+        origin = region if region is not None else self._last_region
+        choice, primary = (previous, region) if running else (Allocation.idle(num_pools), None)
+        for net, option in sorted(options, key=lambda o: -o[0]):
             if net <= current_value:
                 break
-            if choice is None:
-                break  # pausing never stops what runs
-            if choice == previous:
+            if option is None:  # pausing never stops what runs
+                self._last_region = primary = None
+                break
+            if option == previous:
                 continue
-            pool = running_pool(choice)
-            if pool is None or available[pool] >= 1:  # spot not on offer: the launch fails, try the next
-                return choice
-        return previous if running else Allocation.idle(num_pools)
+            pool = running_pool(option)
+            if pool is None:  # on-demand, in the region the job last ran in (no migration penalty there)
+                self._od_region = self._last_region = primary = origin if origin is not None else 0
+                self._left_by_us = current is not None
+                choice = option
+                break
+            if self._launch(observation, pool):
+                self._last_region = primary = pool
+                choice = option
+                break
+        self._probe(observation, primary)
+        return choice
 
     def _observe(self, observation: Observation) -> None:
-        """Feed the pools' lifetimes every slot not seen yet, and note the work done now."""
-        market, offset = observation.past, observation.past_offset
+        """Feed the pools' lifetimes what this slot shows, and note the work done now.
+
+        Every pool: each pool's offer, every slot not seen yet. Launches and probes (the
+        artifact's default): the end of the job's own spot run, if it was preempted or left.
+        """
+        market, offset, slot = observation.past, observation.past_offset, observation.slot
         if not self._pools:
-            self._pools = [PoolLifetime(observation.job.slot_hours) for _ in range(market.num_pools)]
-        for slot in range(len(self._done), observation.slot + 1):
-            row = market.available[offset + slot]
-            for pool, lifetime in zip(self._pools, row):
-                pool.observe(bool(lifetime >= 1))
-            self._done.append(observation.work_done)
+            every = self.observe == EVERY_POOL
+            self._pools = [PoolLifetime(observation.job.slot_hours, every) for _ in range(market.num_pools)]
+            self._next_probe = [0] * market.num_pools
+        if self.observe == EVERY_POOL:
+            for seen in range(len(self._done), slot + 1):
+                for lifetime, count in zip(self._pools, market.available[offset + seen]):
+                    lifetime.observe(seen, bool(count >= 1))
+        else:
+            active, previous = self._active, observation.previous
+            if active is not None and not (running_pool(previous) == active and observation.available[active] >= 1):
+                self._pools[active].finish(slot, failed=not self._left_by_us)
+                self._active, self._left_by_us = None, False
+            for lifetime in self._pools:
+                lifetime.update(slot)
+        self._done += [observation.work_done] * (slot + 1 - len(self._done))
+
+    def _launch(self, observation: Observation, pool: int) -> bool:
+        """Try spot in ``pool``: whether it is on offer; the artifact's mode records the attempt."""
+        offered = bool(observation.available[pool] >= 1)
+        if self.observe == EVERY_POOL:
+            return offered
+        slot, lifetime = observation.slot, self._pools[pool]
+        if pool in self._probing:  # the probe's virtual run gives way to the real one
+            lifetime.finish(slot, failed=False)
+            self._probing.discard(pool)
+        if offered:
+            lifetime.begin(slot)
+            self._active, self._left_by_us = pool, False
+            self._blocked.discard(pool)
+        else:
+            lifetime.attempt_failed()
+            self._blocked.add(pool)
+        return offered
+
+    def _probe(self, observation: Observation, primary: int | None) -> None:
+        """The artifact's probes: each pool once, every ``probe_interval_slots`` until one succeeds."""
+        if self.observe == EVERY_POOL:
+            return
+        slot = observation.slot
+        for pool, lifetime in enumerate(self._pools):
+            if pool == primary or pool in self._probing or pool in self._blocked or slot < self._next_probe[pool]:
+                continue
+            if observation.available[pool] >= 1:
+                lifetime.begin(slot)
+                self._probing.add(pool)
+            else:
+                lifetime.attempt_failed()
+            self._next_probe[pool] = slot + self.probe_interval_slots
+        self._blocked.clear()
 
     def expected_hours(self, observation: Observation, pool: int) -> float:
         """E: the pool's expected remaining lifetime, capped by the horizon and the deadline."""
@@ -165,14 +263,12 @@ class SkyNomadPolicy(SafetyNetPolicy):
         return (value * useful - observation.spot_price[pool] * expected) / expected
 
     def availability(self, observation: Observation, pool: int) -> float:
-        """Share of the recent window (within the job) in which ``pool`` offered an instance."""
-        slot_hours = observation.job.slot_hours
-        if observation.hours <= 0:
+        """Share of the recent window (within the job) covered by ``pool``'s observed runs."""
+        hours, slot = observation.hours, observation.slot
+        if hours <= 0:
             return 0.0
-        first = max(0, observation.slot - math.floor(self.availability_window_hours / slot_hours + 1e-9))
-        rows = observation.past.available[observation.past_offset + first : observation.past_offset + observation.slot, pool]
-        offered = float(np.count_nonzero(np.asarray(rows) >= 1)) * slot_hours
-        return min(1.0, offered / min(self.availability_window_hours, observation.hours))
+        first = max(0, slot - math.floor(self.availability_window_hours / observation.job.slot_hours + 1e-9))
+        return min(1.0, self._pools[pool].offered_hours(first, slot) / min(self.availability_window_hours, hours))
 
     def recent_rate(self, observation: Observation) -> float:
         """Hours of work done per hour over the last ``progress_window_hours`` (0 to 1)."""

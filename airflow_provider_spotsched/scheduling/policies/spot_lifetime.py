@@ -15,9 +15,10 @@ from it. This module is our own implementation of that estimate:
 - Expected remaining lifetime at age a: the integral of exp(-g * (H0(t) - H0(a))) over the
   knots after a, plus the tail as a geometric series of slots.
 
-Where the artifact learns a region's runs from its own launches and one probe per region, a
-policy here sees every pool's available count each slot, so every pool's runs are observed
-(the artifact's ``--virtual-availability`` setting, with a free probe every slot).
+The runs come from the policy: every pool's offer each slot (:meth:`PoolLifetime.observe`,
+the artifact's ``--virtual-availability`` with a free probe every slot, where the open run counts
+as censored), or the artifact's default of its own launches and probes (:meth:`begin`,
+:meth:`finish`, :meth:`attempt_failed`, where only closed runs count).
 """
 
 from __future__ import annotations
@@ -35,11 +36,20 @@ MAX_BURST_RISK = 8.0
 
 @dataclass
 class PoolLifetime:
-    """One pool's observed runs of availability and its burst state, updated once a slot."""
+    """One pool's observed runs and its burst state.
+
+    A run opens with :meth:`begin` and closes with :meth:`finish`, as a failure (the offer was
+    lost) or censored (the job left it); :meth:`update` feeds the burst detector once a slot.
+    With ``count_open_run`` (the artifact's virtual availability) the open run counts in the
+    Nelson-Aalen estimate as a censored observation.
+    """
 
     slot_hours: float
-    failures: list[float] = field(default_factory=list)  # lengths (hours) of runs that ended
-    age_slots: int | None = None  # slots the current run has lasted, None while not on offer
+    count_open_run: bool = True
+    runs: list[tuple[int, int, bool]] = field(default_factory=list)  # (first slot, end slot, failed)
+    start: int | None = None  # first slot of the open run, None while none is open
+    age_slots: int | None = None  # slots the open run has lasted at the last update
+    pending_failures: int = 0  # failures since the last update (lost offers, failed launches)
     burst: deque[tuple[float, int]] = field(default_factory=deque)  # (risk, failures) per event
     g: float = 1.0
 
@@ -47,13 +57,41 @@ class PoolLifetime:
     def age_hours(self) -> float | None:
         return None if self.age_slots is None else self.age_slots * self.slot_hours
 
+    @property
+    def failures(self) -> list[float]:
+        """Lengths (hours) of the runs that ended in a failure."""
+        return [(end - first) * self.slot_hours for first, end, failed in self.runs if failed]
+
+    def begin(self, slot: int) -> None:
+        """A run opens at ``slot`` (one already open is dropped, as the artifact's event log does)."""
+        self.start, self.age_slots = slot, 0
+
+    def finish(self, slot: int, failed: bool) -> None:
+        """The open run ends at the start of ``slot``."""
+        if self.start is not None:
+            self.runs.append((self.start, slot, failed))
+        self.start = self.age_slots = None
+        self.pending_failures += int(failed)
+
+    def attempt_failed(self) -> None:
+        """A launch or probe found no instance: a failure for the burst detector only."""
+        self.pending_failures += 1
+
+    def observe(self, slot: int, offered: bool) -> None:
+        """Every-pool observation: this slot's offer continues, starts, ends or stays absent."""
+        if offered and self.start is None:
+            self.begin(slot)
+        elif not offered and self.start is not None:
+            self.finish(slot, failed=True)
+        self.update(slot)
+
     def knots(self) -> tuple[list[tuple[float, float]], float]:
         """Nelson-Aalen steps (failure time, d_j / n_j) and the tail hazard."""
-        samples = [(d, True) for d in self.failures]
+        samples = [((end - first) * self.slot_hours, failed) for first, end, failed in self.runs]
         age = self.age_hours
-        if age is not None and age > 0:
+        if self.count_open_run and age is not None and age > 0:
             samples.append((age, False))
-        times = sorted(set(self.failures))
+        times = sorted({d for d, f in samples if f})
         steps = []
         for tau in times:
             failed = sum(1 for d, f in samples if f and abs(d - tau) <= 1e-9)
@@ -62,29 +100,28 @@ class PoolLifetime:
         tail = max(steps[-1][1], TINY_HAZARD) if steps else TINY_HAZARD
         return steps, tail
 
-    def observe(self, offered: bool) -> None:
-        """Take this slot's state: the offer continues, starts, ends, or stays absent."""
-        was = self.age_hours
-        failed = 0
-        if offered:
-            self.age_slots = 0 if self.age_slots is None else self.age_slots + 1
-        elif self.age_slots is not None:
-            self.failures.append((self.age_slots + 1) * self.slot_hours)  # the offer held until this slot began
-            self.age_slots, failed = None, 1
+    def update(self, slot: int) -> None:
+        """Once a slot: the open run's hazard increment and the failures since the last update."""
+        self.age_slots = None if self.start is None else slot - self.start
         steps, tail = self.knots()
-        risk = 0.0
-        now = self.age_hours
+        risk, now = 0.0, self.age_hours
         if now is not None:
-            before = was if was is not None else max(now - self.slot_hours, 0.0)
+            before = max(now - self.slot_hours, 0.0)
             risk = max(0.0, cumulative_hazard(steps, tail, now) - cumulative_hazard(steps, tail, before))
             if risk <= 0.0 and not steps:
                 risk = tail * self.slot_hours
             elif risk <= 0.0 and before >= steps[-1][0]:
                 risk = tail * (now - before)
+        failed, self.pending_failures = self.pending_failures, 0
         if failed and risk <= 0.0:
             risk = tail * self.slot_hours
         if risk > 0.0 or failed:
             self._add_burst(risk, failed)
+
+    def offered_hours(self, first: int, slot: int) -> float:
+        """Hours of runs (closed and open) inside slots ``first .. slot - 1``."""
+        spans = [(a, b) for a, b, _ in self.runs] + ([(self.start, slot)] if self.start is not None else [])
+        return sum(max(0, min(b, slot) - max(a, first)) for a, b in spans) * self.slot_hours
 
     def _add_burst(self, risk: float, failed: int) -> None:
         self.burst.append((risk, failed))
