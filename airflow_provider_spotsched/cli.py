@@ -39,6 +39,7 @@ from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 from airflow_provider_spotsched.scheduling.selector_store import SelectorStoreError, starting_state, store_round
 from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 from airflow_provider_spotsched.simulation.evaluation import (
+    PEERS,
     POLICY_SPECS,
     EvaluationError,
     GridConfig,
@@ -105,6 +106,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         policy = make_policy(args.policy, seeded_params(args.policy, params, args.seed))
     except (ValueError, TypeError) as exc:
         raise InputError(f"--policy {args.policy}: {exc}") from None
+    if policy.single_instance and job.max_instances != 1:
+        raise InputError(f"{args.job}: max_instances={job.max_instances}: --policy {args.policy} runs a single instance; "
+                         "set max_instances=1, or choose a multi-instance policy such as uniform-progress or chc")
     result = simulate(policy, job, market, truth, not args.no_throughput_estimate)
     _write_json(args.out, result.to_dict())
     out = result.outcome
@@ -467,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trace files (default: the two shipped traces)")
     ev.add_argument("--scenarios", type=int, default=default.scenarios, help="start times per trace")
     ev.add_argument("--policies", nargs="+", default=list(default.policies), choices=list(POLICY_SPECS),
-                    metavar="POLICY", help=f"policies to run, of {', '.join(POLICY_SPECS)} (default: all but chc-seasonal-naive)")
+                    metavar="POLICY", help=f"policies to run, of {', '.join(POLICY_SPECS)} "
+                         f"(default: all but chc-seasonal-naive, {', '.join(PEERS)})")
     ev.add_argument("--nmax", type=int, nargs="+", default=list(default.n_max), help="N_max values")
     ev.add_argument("--slack", type=float, nargs="+", default=list(default.slack), help="deadline slack factors")
     ev.add_argument("--overhead", type=float, nargs="+", default=list(default.overhead),

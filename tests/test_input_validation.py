@@ -253,6 +253,18 @@ def test_the_command_line_refuses_a_job_over_the_instance_limit(tmp_path, capsys
     assert not (tmp_path / "r.json").exists()
 
 
+def test_the_command_line_refuses_more_than_one_instance_for_a_single_instance_policy(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text(HEADER + hourly_rows("a", list(range(48))))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({**JOB, "max_instances": 2, "deadline_hours": 30}))
+    args = ["simulate", "--trace", str(trace), "--job", str(job), "--policy", "skynomad", "--out", str(tmp_path / "r.json")]
+    assert main(args) == BAD_INPUT
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "job.json: max_instances=2: --policy skynomad runs a single instance" in err[0]
+    assert not (tmp_path / "r.json").exists()
+
+
 # -- spotsched run ----------------------------------------------------------------------------------
 
 

@@ -157,6 +157,8 @@ def test_refusals_before_anything_is_launched(gcp_market):
         OnlineRun.start(RunConfig("r", gcp_job(), ("mars-1a",)), history, NOW)
     with pytest.raises(JobError, match="needs the future market"):
         OnlineRun.start(RunConfig("r", gcp_job(), gcp_market.pools, policy="optimal"), history, NOW)
+    with pytest.raises(JobError, match=r"max_instances=4: policy=skynomad runs a single instance; set max_instances=1"):
+        OnlineRun.start(RunConfig("r", gcp_job(), gcp_market.pools, policy="skynomad"), history, NOW)
     with pytest.raises(BudgetError, match="raise the budget to >="):
         OnlineRun.start(RunConfig("r", gcp_job(), gcp_market.pools, budget=1.0), history, NOW)
     with pytest.raises(BudgetError, match=r"budget=-5: not a number of USD > 0"):

@@ -6,6 +6,8 @@ every online one (all but the hindsight optimum, which declares that it reads th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -15,7 +17,7 @@ from airflow_provider_spotsched.scheduling.replay import simulate
 from tests.strategies import Scenario, scenarios, shared_prefix
 
 SPEC_POLICIES = {"on-demand", "greedy", "uniform-progress", "prediction-free", "chc", "optimal", "selector"}
-DEADLINE_SAFE = ["on-demand", "greedy", "uniform-progress", "prediction-free", "chc", "selector"]
+DEADLINE_SAFE = ["on-demand", "greedy", "uniform-progress", "prediction-free", "chc", "selector", "skynomad", "up-s", "up-ap"]
 ONLINE = sorted(n for n in POLICIES if not getattr(policy_class(n), "uses_future", False))
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -29,6 +31,16 @@ def run(name: str, scenario: Scenario):
     return simulate(make_policy(name), scenario.job, scenario.job_market)
 
 
+def fit(name: str, scenario: Scenario) -> Scenario:
+    """The scenario for ``name``: a single-instance policy gets the job's one-instance version,
+    the same share of what one on-demand instance finishes by the deadline (so still feasible)."""
+    job = scenario.job
+    if not policy_class(name).single_instance or job.max_instances == 1:
+        return scenario
+    one = replace(job, min_instances=1, max_instances=1, work=job.work * job.rate(1) / job.rate(job.max_instances))
+    return replace(scenario, job=one)
+
+
 def test_the_registry_lists_every_policy_of_the_spec_and_only_the_optimum_reads_the_future():
     assert SPEC_POLICIES <= set(POLICIES)
     assert set(POLICIES) - set(ONLINE) == {"optimal"}
@@ -37,6 +49,7 @@ def test_the_registry_lists_every_policy_of_the_spec_and_only_the_optimum_reads_
 @PROPERTY
 @given(scenario=scenarios())
 def test_allocations_respect_every_constraint_and_account_as_the_model_does(name, scenario):
+    scenario = fit(name, scenario)
     result = run(name, scenario)
     slots = scenario.job_market.job_slots
     # evaluate() re-checks every allocation against availability and [N_min, N_max] ...
@@ -50,6 +63,7 @@ def test_allocations_respect_every_constraint_and_account_as_the_model_does(name
 @PROPERTY
 @given(scenario=scenarios())
 def test_deadline_safe_policies_never_miss_the_soft_deadline_of_a_feasible_job(safe, scenario):
+    scenario = fit(safe, scenario)
     scenario.job.check_feasible()
     outcome = run(safe, scenario).outcome
     assert not outcome.soft_miss, f"{safe} finished at {outcome.completion_hours} after d={scenario.job.deadline_hours}"
@@ -58,6 +72,7 @@ def test_deadline_safe_policies_never_miss_the_soft_deadline_of_a_feasible_job(s
 @PROPERTY
 @given(scenario=scenarios())
 def test_no_policy_beats_the_hindsight_optimum(name, scenario):
+    scenario = fit(name, scenario)
     best = run("optimal", scenario).outcome.utility
     utility = run(name, scenario).outcome.utility
     assert utility <= best + 1e-6 * max(1.0, abs(best)), f"{name} earned {utility} > optimal {best}"
@@ -68,5 +83,6 @@ def test_no_policy_beats_the_hindsight_optimum(name, scenario):
 @given(pair=shared_prefix())
 def test_decisions_depend_only_on_the_past(online, pair):
     first, second, shared = pair
+    first, second = fit(online, first), fit(online, second)
     a, b = run(online, first), run(online, second)
     assert a.allocations[:shared] == b.allocations[:shared]

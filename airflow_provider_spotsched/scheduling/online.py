@@ -201,6 +201,11 @@ class OnlineRun:
                 f"policy={run_policy.label} needs the future market: it is a reference for simulations; "
                 "choose selector, chc, prediction-free, uniform-progress, greedy or on-demand"
             )
+        if run_policy.single_instance and job.max_instances != 1:
+            raise JobError(
+                f"max_instances={job.max_instances}: policy={run_policy.label} runs a single instance; "
+                "set max_instances=1, or choose a multi-instance policy such as selector or chc"
+            )
         if getattr(make_forecaster(config.forecaster), "uses_future", False):
             raise JobError(
                 f"forecaster={config.forecaster!r}: needs the future market, a reference for simulations; "

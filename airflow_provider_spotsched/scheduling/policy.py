@@ -64,13 +64,16 @@ class Policy(ABC):
     without forecasts. A reference policy that needs the job's realised market (the hindsight
     optimum) sets ``uses_future`` and implements :meth:`reveal`; no online run accepts it. A
     ``hindsight`` one also knows the job's true throughput: the simulator shows it that instead
-    of the declared one or its estimate (a perfect market forecast alone does not set it).
+    of the declared one or its estimate (a perfect market forecast alone does not set it). A
+    policy ported from single-instance work sets ``single_instance`` and refuses N_max > 1 in
+    :meth:`reset`, so that callers (the evaluation) can run it on N_max = 1 jobs only.
     """
 
     name: str = "policy"
     forecaster: Forecaster | None = None
     uses_future: bool = False
     hindsight: bool = False
+    single_instance: bool = False
 
     def reset(self, job: Job) -> None:  # noqa: B027 - optional hook
         """Forget any state from a previous job; called before the first slot."""

@@ -29,7 +29,7 @@ from airflow_provider_spotsched import AWS_TRACE, GCP_TRACE
 from airflow_provider_spotsched.market.shipped import cached_trace
 from airflow_provider_spotsched.market.trace import Trace
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
-from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
 from airflow_provider_spotsched.scheduling.policy import Policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket, SimulationResult, job_market, simulate
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
@@ -56,12 +56,18 @@ class PolicySpec:
 
     ``seeded`` policies get a seed per run (the oracle's noise, the selector's draws); the
     others get none, since e.g. CHC refuses a seed that its forecaster would not use.
+    A single-instance policy (:attr:`Policy.single_instance`, the SkyNomad artifact's) runs only
+    on the grid's N_max = 1 scenarios, so its ``runs`` in a summary count those alone.
     """
 
     key: str
     name: str
     params: tuple[tuple[str, Any], ...] = ()
     seeded: bool = False
+
+    def runs_on(self, n_max: int) -> bool:
+        """Whether the policy is evaluated on scenarios of ``n_max`` instances."""
+        return n_max == 1 or not policy_class(self.name).single_instance
 
     def build(self, seed: int) -> Policy:
         return make_policy(self.name, {**dict(self.params), "seed": seed} if self.seeded else dict(self.params))
@@ -85,14 +91,19 @@ def _policy_specs() -> dict[str, PolicySpec]:
             PolicySpec(f"chc-oracle-{e:g}", "chc", (("forecaster", "oracle"), ("error", e)), seeded=True)
             for e in ORACLE_ERRORS
         ),
+        *(PolicySpec(name, name) for name in PEERS),
         PolicySpec(SELECTOR, "selector", seeded=True),
     ]
     return {spec.key: spec for spec in specs}
 
 
+PEERS: tuple[str, ...] = ("skynomad", "up-s", "up-ap")
+"""SkyNomad's policy and its multi-region Uniform Progress baselines, single-instance as in its artifact."""
+
 POLICY_SPECS: dict[str, PolicySpec] = _policy_specs()
 # The default grid runs CHC on the forecaster the operator uses (auto) only; name the others with
-# --policies (or run `make evaluate-forecasters`) to see what each forecaster buys.
+# --policies (or run `make evaluate-forecasters`) to see what each forecaster buys. The
+# single-instance peers run on the grid's N_max = 1 cells only.
 DEFAULT_POLICIES: tuple[str, ...] = tuple(
     key for key in POLICY_SPECS if not key.startswith("chc-") or key == "chc-auto" or key.startswith("chc-oracle")
 )
@@ -325,6 +336,8 @@ def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], se
     rows = []
     for key in keys:
         spec = POLICY_SPECS[key]
+        if not spec.runs_on(scenario.n_max):
+            continue
         rows.append(make_row(scenario, spec, simulate(spec.build(config.seed + scenario.index), job, market, *_truth(config))))
     utilities = _build_selector(config.seed).counterfactual_utilities(job, market) if selector else None
     return ScenarioRun(scenario, rows, utilities)

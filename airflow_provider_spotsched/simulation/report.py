@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from airflow_provider_spotsched.simulation.evaluation import COLUMNS, Evaluation, Row
+from airflow_provider_spotsched.simulation.evaluation import COLUMNS, POLICY_SPECS, Evaluation, Row
 from airflow_provider_spotsched.simulation.forecaster_value import LEADS, REFERENCE, chc_forecaster, mae_ratio
 
 SUMMARY_HEADER = (
@@ -63,6 +63,13 @@ def summary_markdown(evaluation: Evaluation, command: str, when: datetime) -> st
         "Means are over scenarios; relatives compare with the same scenario's `optimal` and `on-demand` runs "
         "(see docs/evaluation.md).",
     ]
+    single = [p for p in config.policies if not all(POLICY_SPECS[p].runs_on(n) for n in config.n_max)]
+    if single:
+        lines += [
+            "",
+            f"{', '.join(f'`{p}`' for p in single)} run a single instance (as the SkyNomad artifact does) and are "
+            "evaluated on the N_max = 1 scenarios only: their `runs` count those, and their means are over them.",
+        ]
     sections = [("All traces", evaluation.rows)] + [(t, [r for r in evaluation.rows if r.trace == t]) for t in traces]
     for title, rows in sections:
         lines += ["", f"## {title}", "", SUMMARY_HEADER, "|" + " --- |" * 8]

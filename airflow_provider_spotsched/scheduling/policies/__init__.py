@@ -16,6 +16,9 @@ POLICIES: dict[str, str] = {
     "optimal": "airflow_provider_spotsched.scheduling.policies.optimal:OptimalPolicy",
     "chc": "airflow_provider_spotsched.scheduling.policies.chc:CHCPolicy",
     "prediction-free": "airflow_provider_spotsched.scheduling.policies.prediction_free:PredictionFreePolicy",
+    "skynomad": "airflow_provider_spotsched.scheduling.policies.skynomad:SkyNomadPolicy",
+    "up-s": "airflow_provider_spotsched.scheduling.policies.uniform_progress_multi:UPSPolicy",
+    "up-ap": "airflow_provider_spotsched.scheduling.policies.uniform_progress_multi:UPAPPolicy",
     "selector": "airflow_provider_spotsched.scheduling.selector:SelectorPolicy",
 }
 
