@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster
 from airflow_provider_spotsched.forecast.series import count_distribution
@@ -16,6 +17,7 @@ from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.replay import simulate
 from airflow_provider_spotsched.scheduling.rules import is_deadline_safe
 from tests.markets import make_job, make_market, whole
+from tests.strategies import scenarios
 from tests.test_chc import trace_case
 
 TOP = 8  # the largest count the hand-made forecasts know
@@ -181,3 +183,13 @@ def test_an_uncertain_price_defers_less_work():
     sure = first_slot_instances(robust(Spread(4.0, 0.0, price=1.5), window=6))
     unsure = first_slot_instances(robust(Spread(4.0, 0.0, price=1.5, price_width=1.0), window=6))
     assert unsure > sure
+
+
+@settings(max_examples=25, deadline=None)
+@given(scenario=scenarios())
+def test_quantile_chc_never_misses_the_soft_deadline_of_a_feasible_job(scenario):
+    # markov-count forecasts a count distribution, so the reserve is in play on random markets.
+    scenario.job.check_feasible()
+    policy = make_policy("chc", {"window": 6, "forecaster": "markov-count", "uncertainty": "quantile", "level": 0.9})
+    result = simulate(policy, scenario.job, scenario.job_market)
+    assert not result.outcome.soft_miss, f"finished at {result.outcome.completion_hours} > d={scenario.job.deadline_hours}"

@@ -8,14 +8,15 @@ reconfiguring on every forecast wobble; re-planning keeps it close to the news.
 
 A window that ends before the job's horizon prices the work it leaves unfinished
 (``terminal_price``) and must end in a state from which N_max on-demand instances still meet
-the soft deadline. With ``uncertainty="quantile"`` the window's spot capacity is not the point
-forecast but, per slot and pool, the largest count the forecast distribution offers with
-probability >= ``level`` (:meth:`~airflow_provider_spotsched.forecast.base.Forecast.available_at_level`):
-what the forecast is unsure of is kept in reserve (planned on on-demand, or not deferred to), so
-the reserve grows with the forecast's uncertainty and vanishes where it is certain. The planner
-stays the exact one. A committed slot that held spot in reserve is re-planned when the market
-offers more than it counted on (the reserve turned out to be there), so that a cautious plan never
-buys on-demand next to spot it merely doubted. Reality overrides the plan: a committed allocation that exceeds what the
+the soft deadline. With ``uncertainty="quantile"`` each forecast slot is planned on what the
+forecast gives with probability >= ``level``: per pool, the largest spot count
+(:meth:`~airflow_provider_spotsched.forecast.base.Forecast.available_at_level`) and the price not
+exceeded (:meth:`~airflow_provider_spotsched.forecast.base.Forecast.spot_price_at_level`). What
+the forecast is unsure of is kept in reserve (planned on on-demand, or not deferred to), so the
+reserve grows with the forecast's uncertainty and vanishes where it is certain; the planner stays
+the exact one. A committed slot that held spot in reserve is re-planned when the market offers
+more than it counted on, so that a cautious plan never buys on-demand next to spot it merely
+doubted. Reality overrides the plan: a committed allocation that exceeds what the
 market offers now triggers a re-plan on the spot, and every decision passes
 :func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` or becomes the on-demand
 fallback.
@@ -81,7 +82,7 @@ class CHCPolicy(Policy):
         if uncertainty not in UNCERTAINTY:
             raise ValueError(
                 f"uncertainty must be one of {UNCERTAINTY} (plan on the point forecast, or on the spot "
-                f"capacity available with probability >= level), got {uncertainty!r}"
+                f"capacity and price the forecast gives with probability >= level), got {uncertainty!r}"
             )
         if uncertainty == "quantile":
             if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
