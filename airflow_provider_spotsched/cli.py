@@ -39,7 +39,7 @@ from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 from airflow_provider_spotsched.scheduling.selector_store import SelectorStoreError, starting_state, store_round
 from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 from airflow_provider_spotsched.simulation.evaluation import (
-    PEERS,
+    OPT_IN_POLICIES,
     POLICY_SPECS,
     EvaluationError,
     GridConfig,
@@ -471,8 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trace files (default: the two shipped traces)")
     ev.add_argument("--scenarios", type=int, default=default.scenarios, help="start times per trace")
     ev.add_argument("--policies", nargs="+", default=list(default.policies), choices=list(POLICY_SPECS),
-                    metavar="POLICY", help=f"policies to run, of {', '.join(POLICY_SPECS)} "
-                         f"(default: all but chc-seasonal-naive, {', '.join(PEERS)})")
+                    metavar="POLICY",
+                    help=f"policies to run, of {', '.join(POLICY_SPECS)} (default: all but {', '.join(OPT_IN_POLICIES)})")
     ev.add_argument("--nmax", type=int, nargs="+", default=list(default.n_max), help="N_max values")
     ev.add_argument("--slack", type=float, nargs="+", default=list(default.slack), help="deadline slack factors")
     ev.add_argument("--overhead", type=float, nargs="+", default=list(default.overhead),

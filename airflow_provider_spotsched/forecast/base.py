@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtri
 
 from airflow_provider_spotsched.market.slots import SlotMarket
+
+Z80 = float(ndtri(0.9))  # the bounds of an 80% central interval are the point +- Z80 sd
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,41 @@ class Forecast:
         if self.available_distribution is None:
             return (self.available >= n).astype(float)
         return self.available_distribution[:, :, n:].sum(axis=2).clip(0.0, 1.0)
+
+    def available_at_level(self, level: float) -> np.ndarray:
+        """``[h, M]`` the largest count obtainable with probability >= ``level`` in each slot.
+
+        A planner that counts only on this much spot keeps the rest of the point forecast in
+        reserve, and the reserve widens with the distribution. Never above the point forecast
+        (so the reserve is never negative); without a distribution, the point forecast itself.
+        """
+        _check_level(level)
+        point = np.maximum(np.floor(self.available), 0.0)
+        if self.available_distribution is None:
+            return point
+        at_least = np.cumsum(self.available_distribution[:, :, ::-1], axis=2)[:, :, ::-1]  # P(count >= n)
+        # P(count >= n) falls with n, so the counts n >= 1 it keeps >= level are 1..the quantile.
+        counts = (at_least[:, :, 1:] >= level - 1e-12).sum(axis=2)
+        return np.minimum(counts.astype(float), point)
+
+    def spot_price_at_level(self, level: float) -> np.ndarray:
+        """``[h, M]`` the price not exceeded with probability ``level`` in each slot.
+
+        The tails are a normal's scaled to the 80% interval on each side of the point (the
+        interval's bound is the 10% or 90% quantile); without an interval, the point forecast.
+        """
+        _check_level(level)
+        if self.spot_price_interval is None:
+            return self.spot_price
+        lower, upper = self.spot_price_interval
+        z = float(ndtri(level)) / Z80
+        side = np.maximum(upper - self.spot_price, 0.0) if z >= 0 else np.maximum(self.spot_price - lower, 0.0)
+        return np.maximum(self.spot_price + z * side, 0.0)
+
+
+def _check_level(level: float) -> None:
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ValueError(f"level must be a probability in (0, 1), got {level!r}")
 
 
 def check_request(past: SlotMarket, horizon: int) -> None:

@@ -8,7 +8,15 @@ reconfiguring on every forecast wobble; re-planning keeps it close to the news.
 
 A window that ends before the job's horizon prices the work it leaves unfinished
 (``terminal_price``) and must end in a state from which N_max on-demand instances still meet
-the soft deadline. Reality overrides the plan: a committed allocation that exceeds what the
+the soft deadline. With ``uncertainty="quantile"`` each forecast slot is planned on what the
+forecast gives with probability >= ``level``: per pool, the largest spot count
+(:meth:`~airflow_provider_spotsched.forecast.base.Forecast.available_at_level`) and the price not
+exceeded (:meth:`~airflow_provider_spotsched.forecast.base.Forecast.spot_price_at_level`). What
+the forecast is unsure of is kept in reserve (planned on on-demand, or not deferred to), so the
+reserve grows with the forecast's uncertainty and vanishes where it is certain; the planner stays
+the exact one. A committed slot that held spot in reserve is re-planned when the market offers
+more than it counted on, so that a cautious plan never buys on-demand next to spot it merely
+doubted. Reality overrides the plan: a committed allocation that exceeds what the
 market offers now triggers a re-plan on the spot, and every decision passes
 :func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` or becomes the on-demand
 fallback.
@@ -31,6 +39,7 @@ from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, fits, is_deadline_safe, on_demand_fallback
 
 TERMINAL_PRICES = ("marginal", "on-demand")
+UNCERTAINTY = ("none", "quantile")
 
 
 class CHCPolicy(Policy):
@@ -46,6 +55,8 @@ class CHCPolicy(Policy):
         error: float = 0.0,
         seed: int = 0,
         terminal_price: str | float = "marginal",
+        uncertainty: str = "none",
+        level: float | None = None,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
             raise ValueError(f"window must be an integer >= 1 (slots planned ahead), got {window!r}")
@@ -68,23 +79,42 @@ class CHCPolicy(Policy):
             raise ValueError(
                 f"error and seed apply to the oracle forecaster only; drop them for forecaster={forecaster!r}"
             )
+        if uncertainty not in UNCERTAINTY:
+            raise ValueError(
+                f"uncertainty must be one of {UNCERTAINTY} (plan on the point forecast, or on the spot "
+                f"capacity and price the forecast gives with probability >= level), got {uncertainty!r}"
+            )
+        if uncertainty == "quantile":
+            if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+                raise ValueError(
+                    "level must be a probability in (0, 1) with uncertainty='quantile' (plan only on spot "
+                    f"available with at least this probability), got {level!r}"
+                )
+        elif level is not None:
+            raise ValueError(f"level applies to uncertainty='quantile' only; drop it for uncertainty={uncertainty!r}")
         params = {"error": error, "seed": seed} if forecaster == "oracle" else {}
+        self.uncertainty, self.level = uncertainty, level
         self.window, self.commit = int(window), int(commit)
         self.terminal_price = terminal_price
         self.forecaster_name = forecaster
         self.forecaster: Forecaster = make_forecaster(forecaster, params)
         self.uses_future = self.forecaster.uses_future
         self._committed: list[Allocation] = []
+        # Per committed slot and pool: the spot capacity counted on where some was held in
+        # reserve, else inf (nothing held back, so more spot is no news).
+        self._counted: list[np.ndarray] = []
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"window": self.window, "commit": self.commit, "forecaster": self.forecaster_name}
         if self.forecaster_name == "oracle":
             params.update(self.forecaster.params())
         params["terminal_price"] = self.terminal_price
+        if self.uncertainty != "none":
+            params.update(uncertainty=self.uncertainty, level=self.level)
         return params
 
     def reset(self, job: Job) -> None:
-        self._committed = []
+        self._committed, self._counted = [], []
 
     def planned(self) -> list[Allocation]:
         return list(self._committed)
@@ -95,35 +125,42 @@ class CHCPolicy(Policy):
 
     def decide(self, observation: Observation) -> Allocation:
         job = observation.job
-        if self._committed and not fits(self._committed[0], observation.available):
-            self._committed = []
+        if self._committed and (not fits(self._committed[0], observation.available) or np.any(observation.available > self._counted[0])):
+            self._committed, self._counted = [], []
         if not self._committed:
-            self._committed = self._plan(observation)
+            self._committed, self._counted = self._plan(observation)
         choice = self._committed.pop(0)
+        self._counted.pop(0)
         if not is_deadline_safe(job, observation, choice):
-            self._committed = []
+            self._committed, self._counted = [], []
             return on_demand_fallback(job, observation.past.num_pools)
         return choice
 
-    def _plan(self, observation: Observation) -> list[Allocation]:
-        """Solve the window from now and return the committed allocations."""
+    def _plan(self, observation: Observation) -> tuple[list[Allocation], list[np.ndarray]]:
+        """Solve the window from now: the committed allocations and the capacity each counted on."""
+        request, held = self._window(observation)
         try:
-            plan = solve_plan(self.window_request(observation))
+            plan = solve_plan(request)
         except PlanError:
-            return [on_demand_fallback(observation.job, observation.past.num_pools)]
-        return plan.allocations[: self.commit]
+            return [on_demand_fallback(observation.job, observation.past.num_pools)], [held[0]]
+        return plan.allocations[: self.commit], list(held[: self.commit])
 
     def window_request(self, observation: Observation) -> PlanRequest:
         """The planning problem CHC solves at this observation: the window on the forecast."""
+        return self._window(observation)[0]
+
+    def _window(self, observation: Observation) -> tuple[PlanRequest, np.ndarray]:
+        """The window's planning problem, and per slot and pool the capacity counted on where
+        some was held in reserve (inf elsewhere)."""
         job = observation.job
         width = min(self.window, job.horizon_slots - observation.slot)
         reaches_horizon = observation.slot + width >= job.horizon_slots
         to_deadline = math.ceil((job.deadline_hours - observation.hours) / job.slot_hours - 1e-9)
-        price, available = self._ahead(observation, width if reaches_horizon else max(width, to_deadline))
+        price, available, point = self._ahead(observation, width if reaches_horizon else max(width, to_deadline))
         # Every decision is deadline-safe, so the job always earns its full value: short of the
         # horizon the window only trades cost now against the terminal price of work left, and a
         # value credited to in-window completions alone would buy completion at any price.
-        return PlanRequest(
+        request = PlanRequest(
             job=job if reaches_horizon else replace(job, value=0.0),
             start_hours=observation.hours,
             work_done=observation.work_done,
@@ -135,16 +172,28 @@ class CHCPolicy(Policy):
             deadline_safe_end=not reaches_horizon,
             deadline_safe=True,
         )
+        return request, np.where(available < point, available, np.inf)[:width]
 
-    def _ahead(self, observation: Observation, slots: int) -> tuple[np.ndarray, np.ndarray]:
-        """Prices and availability of ``slots`` slots from now: the current one known, then forecast."""
+    def _ahead(self, observation: Observation, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Prices, planned and point availability of ``slots`` slots from now: the current one
+        known, then forecast.
+
+        The planned availability is the point forecast, or with ``uncertainty="quantile"`` the
+        capacity available with probability >= ``level`` (never above the point).
+        """
         price = observation.past.spot_price[-1:].astype(float)
         available = observation.past.available[-1:].astype(float)
+        point = available
         if slots > 1:
             forecast = self.forecaster.forecast(observation.past, slots - 1)
             price = np.vstack([price, forecast.spot_price])
-            available = np.vstack([available, forecast.available])
-        return price, available
+            point = np.vstack([available, np.maximum(np.floor(forecast.available), 0.0)])
+            ahead = point[1:]
+            if self.level is not None:
+                ahead = np.minimum(ahead, forecast.available_at_level(self.level))
+                price[1:] = np.maximum(price[1:], forecast.spot_price_at_level(self.level))
+            available = np.vstack([available, ahead])
+        return price, available, point
 
     def _terminal(self, observation: Observation, price: np.ndarray, available: np.ndarray) -> float:
         """USD per unit of work left after the window (see ``docs/policies-optimal-chc.md``).
