@@ -88,7 +88,7 @@ def test_the_guard_stays_silent_when_the_forecast_is_right():
     up = simulate(UniformProgressPolicy(), job, market)
     oracle = {"window": 12, "commit": 1, "forecaster": "oracle"}
     unguarded = simulate(make_policy("chc", oracle), job, market)
-    policy = make_policy("chc", {**oracle, "guard": 1.0})
+    policy = make_policy("chc", {**oracle, "guard": 1.2})
     guarded = simulate(policy, job, market)
     assert any(a.on_demand for a in up.allocations) and not any(a.on_demand for a in unguarded.allocations)
     assert unguarded.outcome.cost < up.outcome.cost

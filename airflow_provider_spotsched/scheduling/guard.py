@@ -29,7 +29,7 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, Progress, advance, shown
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, on_demand_fallback
+from airflow_provider_spotsched.scheduling.rules import fits, is_deadline_safe, on_demand_fallback
 
 DEFAULT_GUARD = 1.2
 """The default factor 1 + lambda, from a 1.25 x UP target: a job the guard never hands over costs
@@ -137,14 +137,16 @@ class GuardedPolicy(Policy):
 
     def within_bound(self, observation: Observation, choice: Allocation) -> bool:
         """Whether, after ``choice``, cost so far plus catching up with the shadow stays within
-        ``guard`` x the shadow's cost so far, with :func:`handover_margin` of slack to spare."""
+        ``guard`` x the shadow's cost so far, and a job trailing a shadow still at work keeps
+        :func:`handover_margin` of slack (once the shadow is done, catching up is N_max
+        instances from the next slot, which the member's own deadline safety already allows)."""
         job, on_demand = observation.job, observation.on_demand_price
-        if not is_deadline_safe(job, observation, choice, margin_hours=handover_margin(job)):
-            return False
         after = Progress(observation.slot, observation.work_done, observation.cost_so_far, observation.previous)
         advance(job, after, choice, observation.spot_price, on_demand)
         shadow = self._shadow_progress
         gap = 0.0 if after.done else max((job.work if shadow.done else shadow.work_done) - after.work_done, 0.0)
+        if gap > 0 and not shadow.done and not is_deadline_safe(job, observation, choice, handover_margin(job)):
+            return False
         return after.cost + catch_up_price(job, on_demand) * gap <= self.guard * shadow.cost + 1e-9
 
     def _follow_shadow(self, observation: Observation) -> None:
@@ -179,7 +181,9 @@ class GuardedPolicy(Policy):
         The job runs what UP runs now, so it pays what UP pays, plus on-demand instances up to
         N_max in every slot that would otherwise end with less work done than the shadow (its
         own restart counted). Once level it stays level: the same allocations make the same
-        progress. A choice that is not deadline-safe hands the job to N_max on-demand for good,
+        progress. Still behind once the shadow has finished, it keeps its N_max instances while
+        they run at no more than on-demand prices (a restart would lose work), else runs N_max
+        on-demand. A choice that is not deadline-safe hands the job to N_max on-demand for good,
         exactly as every policy's safety net does.
         """
         job, shadow = observation.job, self._shadow_progress
@@ -188,6 +192,8 @@ class GuardedPolicy(Policy):
             return fallback
         ran_now = shadow.slot == observation.slot + 1 and shadow.previous is not None
         choice = shadow.previous if ran_now and shadow.previous is not None else Allocation.idle(observation.past.num_pools)
+        if shadow.done and not ran_now and self._keeps(observation):
+            return observation.previous
         level = job.work if shadow.done else shadow.work_done
         after = Progress(observation.slot, observation.work_done, observation.cost_so_far, observation.previous)
         advance(job, after, choice, observation.spot_price, observation.on_demand_price)
@@ -197,3 +203,14 @@ class GuardedPolicy(Policy):
             return choice
         self.safety_net_at = observation.slot
         return fallback
+
+    def _keeps(self, observation: Observation) -> bool:
+        """Whether the previous allocation can run on: N_max instances, still offered, each at
+        no more than the on-demand price, and deadline-safe."""
+        job, previous = observation.job, observation.previous
+        return (
+            previous.total == job.max_instances
+            and fits(previous, observation.available)
+            and all(observation.spot_price[m] <= observation.on_demand_price for m, n in enumerate(previous.spot) if n)
+            and is_deadline_safe(job, observation, previous)
+        )
