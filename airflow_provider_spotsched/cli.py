@@ -438,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trace files (default: the two shipped traces)")
     ev.add_argument("--scenarios", type=int, default=default.scenarios, help="start times per trace")
     ev.add_argument("--policies", nargs="+", default=list(default.policies), choices=list(POLICY_SPECS),
-                    metavar="POLICY", help=f"policies to run, of {', '.join(POLICY_SPECS)} (default: all but chc-seasonal-naive)")
+                    metavar="POLICY", help=f"policies to run, of {', '.join(POLICY_SPECS)} "
+                    f"(default: all but {', '.join(sorted(set(POLICY_SPECS) - set(default.policies)))})")
     ev.add_argument("--nmax", type=int, nargs="+", default=list(default.n_max), help="N_max values")
     ev.add_argument("--slack", type=float, nargs="+", default=list(default.slack), help="deadline slack factors")
     ev.add_argument("--overhead", type=float, nargs="+", default=list(default.overhead),

@@ -18,6 +18,7 @@ from airflow_provider_spotsched.scheduling.policies.uniform_progress import Unif
 from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, on_demand_fallback
+from airflow_provider_spotsched.scheduling.selector import DEFAULT_POOL, SelectorPolicy
 from tests.markets import make_job, make_market, whole
 from tests.strategies import Scenario, scenarios
 
@@ -157,6 +158,16 @@ def test_a_guard_out_of_step_with_its_job_says_to_reset():
     first = Observation(job, 0, market.market.prefix(1), 0, 0.0, 0.0, on_demand_fallback(job, 1))
     with pytest.raises(ValueError, match="reset the policy before a new job"):
         policy.decide(first)
+
+
+def test_the_selector_guards_its_members_and_loads_states_saved_before_the_guard():
+    selector = SelectorPolicy(warm_up_rounds=0)
+    guarded = [m for m in selector.members if isinstance(m, GuardedPolicy)]
+    assert len(guarded) == len(DEFAULT_POOL) - 1  # all but uniform-progress itself
+    old_pool = [{"policy": e["policy"], "params": {k: v for k, v in e["params"].items() if k != "guard"}} for e in DEFAULT_POOL]
+    old = SelectorPolicy(pool=old_pool, warm_up_rounds=0).to_state()
+    restored = SelectorPolicy.from_state(old)
+    assert restored.pool == tuple(old_pool) and not any(isinstance(m, GuardedPolicy) for m in restored.members)
 
 
 def test_a_resumed_guard_replays_its_shadow_from_the_market():

@@ -28,6 +28,7 @@ import numpy as np
 from airflow_provider_spotsched import AWS_TRACE, GCP_TRACE
 from airflow_provider_spotsched.market.shipped import cached_trace
 from airflow_provider_spotsched.market.trace import Trace
+from airflow_provider_spotsched.scheduling.guard import DEFAULT_GUARD
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Policy
@@ -77,7 +78,8 @@ def _policy_specs() -> dict[str, PolicySpec]:
         PolicySpec("optimal", "optimal"),
         PolicySpec("prediction-free", "prediction-free"),
         PolicySpec("chc-seasonal-naive", "chc", (("forecaster", "seasonal-naive"),)),
-        PolicySpec("chc-auto", "chc", (("forecaster", "auto"),)),
+        PolicySpec("chc-auto", "chc", (("forecaster", "auto"), ("guard", DEFAULT_GUARD))),
+        PolicySpec("chc-auto-unguarded", "chc", (("forecaster", "auto"),)),
         *(
             PolicySpec(f"chc-oracle-{e:g}", "chc", (("forecaster", "oracle"), ("error", e)), seeded=True)
             for e in ORACLE_ERRORS
@@ -89,8 +91,11 @@ def _policy_specs() -> dict[str, PolicySpec]:
 
 POLICY_SPECS: dict[str, PolicySpec] = _policy_specs()
 # The default grid runs every policy but CHC on seasonal-naive forecasts, which the statsmodels
-# forecasters (chc-auto) superseded; name it with --policies to compare them.
-DEFAULT_POLICIES: tuple[str, ...] = tuple(key for key in POLICY_SPECS if key != "chc-seasonal-naive")
+# forecasters (chc-auto) superseded, and CHC on them without the cost guard; name either with
+# --policies to compare.
+DEFAULT_POLICIES: tuple[str, ...] = tuple(
+    key for key in POLICY_SPECS if key not in ("chc-seasonal-naive", "chc-auto-unguarded")
+)
 
 
 def _build_selector(seed: int) -> SelectorPolicy:
