@@ -111,7 +111,9 @@ def test_the_bound_holds_on_seeded_synthetic_markets(seed, slack):
     market = synthetic_job_market(seed, job.horizon_slots)
     up = simulate(UniformProgressPolicy(), job, market).outcome
     for inner in (misled_chc(), CHCPolicy(window=12, commit=2, forecaster="persistence")):
-        guarded = simulate(DeadlineChecked(inner, 1.2), job, market).outcome
+        policy = DeadlineChecked(inner, 1.2)
+        guarded = simulate(policy, job, market).outcome
+        assert policy.safety_net_at is None  # the case the bound leaves out does not arise here
         assert guarded.cost <= bound(job, up.cost, 1.2, market.market.on_demand_price)
         assert not guarded.soft_miss
 
