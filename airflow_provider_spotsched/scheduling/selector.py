@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.scheduling.guard import DEFAULT_GUARD
 from airflow_provider_spotsched.scheduling.model import Allocation, Job
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
@@ -50,15 +51,27 @@ GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 # The two axes along which the paper builds its pool. CHC spans the commitment level (re-plan
 # every slot, or commit to 4 of 24); the prediction-free policy spans its price threshold, its
 # safety margin and how far above the cheapest offer it runs ahead of need. CHC members dominate
-# the cost of a full-information round (one replay each), so there are two.
+# the cost of a full-information round (one replay each), so there are two. Every member but UP
+# runs under the cost guard (scheduling/guard.py): whichever the learner draws, no job costs much
+# more than UP would have paid. A stored state keeps the pool it was made with, so states saved
+# before the guard load and run unguarded.
 DEFAULT_POOL: tuple[dict[str, Any], ...] = (
-    {"policy": "chc", "params": {"window": 24, "commit": 1, "forecaster": "persistence"}},
-    {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "persistence"}},
-    {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0}},
-    {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.0}},
-    {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.1}},
-    {"policy": "prediction-free", "params": {"price_threshold": 0.7, "safety_slots": 1.0}},
-    {"policy": "prediction-free", "params": {"price_threshold": 0.5, "safety_slots": 1.0, "spot_premium": 0.0}},
+    {"policy": "chc", "params": {"window": 24, "commit": 1, "forecaster": "persistence", "guard": DEFAULT_GUARD}},
+    {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "persistence", "guard": DEFAULT_GUARD}},
+    {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "guard": DEFAULT_GUARD}},
+    {
+        "policy": "prediction-free",
+        "params": {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.0, "guard": DEFAULT_GUARD},
+    },
+    {
+        "policy": "prediction-free",
+        "params": {"price_threshold": 0.9, "safety_slots": 0.0, "spot_premium": 0.1, "guard": DEFAULT_GUARD},
+    },
+    {"policy": "prediction-free", "params": {"price_threshold": 0.7, "safety_slots": 1.0, "guard": DEFAULT_GUARD}},
+    {
+        "policy": "prediction-free",
+        "params": {"price_threshold": 0.5, "safety_slots": 1.0, "spot_premium": 0.0, "guard": DEFAULT_GUARD},
+    },
     {"policy": "uniform-progress", "params": {}},
 )
 

@@ -28,6 +28,7 @@ import numpy as np
 from airflow_provider_spotsched import AWS_TRACE, GCP_TRACE
 from airflow_provider_spotsched.market.shipped import cached_trace
 from airflow_provider_spotsched.market.trace import Trace
+from airflow_provider_spotsched.scheduling.guard import DEFAULT_GUARD
 from airflow_provider_spotsched.scheduling.model import Job, JobError, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
 from airflow_provider_spotsched.scheduling.policy import Policy
@@ -35,7 +36,7 @@ from airflow_provider_spotsched.scheduling.replay import JobMarket, SimulationRe
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, job_context
 from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
-from airflow_provider_spotsched.simulation.forecaster_value import Origin, chc_forecaster, submission_errors
+from airflow_provider_spotsched.simulation.forecaster_value import Origin, submission_errors
 
 if TYPE_CHECKING:
     from airflow_provider_spotsched.scheduling.selector import Round
@@ -87,9 +88,15 @@ def _policy_specs() -> dict[str, PolicySpec]:
         PolicySpec("uniform-progress", "uniform-progress"),
         PolicySpec("optimal", "optimal"),
         PolicySpec("prediction-free", "prediction-free"),
-        *(PolicySpec(f"chc-{name}", "chc", (("forecaster", name),)) for name in CHC_FORECASTERS),
+        *(PolicySpec(f"chc-{name}", "chc", (("forecaster", name),)) for name in CHC_FORECASTERS if name != "auto"),
+        PolicySpec("chc-auto", "chc", (("forecaster", "auto"), ("guard", DEFAULT_GUARD))),
+        PolicySpec("chc-auto-unguarded", "chc", (("forecaster", "auto"),)),
         # Level chosen on seeded synthetic markets only (docs/policies-optimal-chc.md, section 5).
-        PolicySpec("chc-auto-robust", "chc", (("forecaster", "auto"), ("uncertainty", "quantile"), ("level", ROBUST_LEVEL))),
+        PolicySpec(
+            "chc-auto-robust",
+            "chc",
+            (("forecaster", "auto"), ("uncertainty", "quantile"), ("level", ROBUST_LEVEL), ("guard", DEFAULT_GUARD)),
+        ),
         *(
             PolicySpec(f"chc-oracle-{e:g}", "chc", (("forecaster", "oracle"), ("error", e)), seeded=True)
             for e in ORACLE_ERRORS
@@ -104,12 +111,25 @@ PEERS: tuple[str, ...] = ("skynomad", "up-s", "up-ap")
 """SkyNomad's policy and its multi-region Uniform Progress baselines, single-instance as in its artifact."""
 
 POLICY_SPECS: dict[str, PolicySpec] = _policy_specs()
-# The default grid runs CHC on the forecaster the operator uses (auto) only; `make
-# evaluate-forecasters` runs it on the others to see what each forecaster buys, and
-# chc-auto-robust, which the committed default evaluation (docs/evaluation/) predates, is named
-# with --policies. The single-instance peers run on the grid's N_max = 1 cells only.
-OPT_IN_POLICIES: tuple[str, ...] = (*(f"chc-{name}" for name in CHC_FORECASTERS if name != "auto"), "chc-auto-robust")
+# The default grid runs CHC on the forecaster the operator uses (auto), under the cost guard.
+# `make evaluate-forecasters` runs plain CHC on every forecaster (chc-auto-unguarded for auto) to
+# see what each buys; chc-auto-robust, which the committed default evaluation (docs/evaluation/)
+# predates, is named with --policies. The single-instance peers run on N_max = 1 cells only.
+OPT_IN_POLICIES: tuple[str, ...] = (
+    *(f"chc-{name}" for name in CHC_FORECASTERS if name != "auto"),
+    "chc-auto-unguarded",
+    "chc-auto-robust",
+)
 DEFAULT_POLICIES: tuple[str, ...] = tuple(key for key in POLICY_SPECS if key not in OPT_IN_POLICIES)
+
+
+def plain_chc_forecaster(key: str) -> str | None:
+    """The forecaster of a policy key that is CHC on a real forecaster and nothing else (no guard), else None."""
+    spec = POLICY_SPECS.get(key)
+    params = dict(spec.params) if spec is not None else {}
+    if spec is None or spec.name != "chc" or set(params) != {"forecaster"}:
+        return None
+    return params["forecaster"] if params["forecaster"] in CHC_FORECASTERS else None
 
 
 def _build_selector(seed: int) -> SelectorPolicy:
@@ -556,7 +576,7 @@ def forecaster_errors(
     Only when the grid compares forecasters (CHC on two or more): a single one has nothing to be
     judged against but persistence, which the evaluation did not run CHC on.
     """
-    forecasters = [name for key in config.policies if (name := chc_forecaster(key, CHC_FORECASTERS))]
+    forecasters = [name for key in config.policies if (name := plain_chc_forecaster(key))]
     if len(forecasters) < 2:
         return {}
     origins = {}

@@ -1,8 +1,8 @@
 """What each forecaster buys: CHC's cost on it, beside its forecast error at the same jobs.
 
-A forecast is worth what the decisions it causes save. The evaluation runs CHC once per real
-forecaster (``chc-persistence``, ``chc-arima``, ...) on the same jobs; this module pairs each
-forecaster's mean cost (in USD per job, against CHC on persistence, the forecast of doing
+A forecast is worth what the decisions it causes save. The evaluation runs plain CHC (no cost
+guard) once per real forecaster (``chc-persistence``, ``chc-arima``, ...) on the same jobs; this
+module pairs each forecaster's mean cost (in USD per job, against CHC on persistence, the forecast of doing
 nothing) with its mean absolute error at leads 1..:data:`LEADS`, relative to persistence, at
 the jobs' own submission times: the origins the evaluation drew, which nobody chose for a
 forecaster. Each origin gets a new forecaster, as a job submitted there does.
@@ -22,13 +22,6 @@ from airflow_provider_spotsched.scheduling.replay import JobMarket
 LEADS = 6
 REFERENCE = "persistence"
 QUANTITIES = ("available", "spot_price")
-PREFIX = "chc-"
-
-
-def chc_forecaster(policy: str, forecasters: Sequence[str]) -> str | None:
-    """The forecaster of an evaluated ``chc-<forecaster>`` policy key, or None for any other key."""
-    name = policy.removeprefix(PREFIX)
-    return name if policy.startswith(PREFIX) and name in forecasters else None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,216 @@
+"""A cost guard: follow a prediction-driven policy only while its cost stays near Uniform Progress's.
+
+Forecast-driven plans (CHC, the selector's members) are cheaper than Uniform Progress (UP) on
+most jobs, but a wrong forecast can leave a job far behind while spot was there, and the
+deadline safety net then buys the rest on demand at several times UP's cost. The guard bounds
+that loss, as learning-augmented online algorithms do (follow the prediction while it is
+cheap enough, else fall back on the robust algorithm for good):
+
+- UP runs in shadow on the same market. Prices and availability are exogenous, so the shadow's
+  allocations and its cost so far ``C_UP(<=t)`` are exactly what UP would have done and paid.
+- Each slot the member's choice stands while, after it,
+  ``C(<=t) + pi * gap(t+1) <= (1 + lambda) * C_UP(<=t)``, where ``gap`` is the work by which the
+  job trails the shadow and ``pi`` the highest on-demand price of a unit of work: what catching
+  up could cost if spot never came back.
+- Otherwise UP takes over from the job's own state, for good. UP's safety net keeps every
+  decision deadline-safe, as the member's did.
+
+``docs/guard.md`` states the bound this gives and the assumption it rests on. The guard's factor
+``1 + lambda`` is the parameter ``guard``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from airflow_provider_spotsched.forecast.base import Forecaster
+from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, Progress, advance, shown
+from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
+from airflow_provider_spotsched.scheduling.policy import Observation, Policy
+from airflow_provider_spotsched.scheduling.rules import fits, is_deadline_safe, on_demand_fallback
+
+DEFAULT_GUARD = 1.2
+"""The default factor 1 + lambda, from a 1.25 x UP target: a job the guard never hands over costs
+at most 1.2 x UP exactly, which leaves 0.05 x UP for the handover's additive term (see
+``docs/guard.md``)."""
+
+
+def check_guard(guard: object) -> float:
+    """``guard`` as a cost factor 1 + lambda >= 1, or a ValueError that names the fix."""
+    if isinstance(guard, bool) or not isinstance(guard, (int, float)) or not math.isfinite(guard) or guard < 1:
+        raise ValueError(
+            f"guard={shown(guard)}: must be a finite number >= 1 (the cost factor 1 + lambda over uniform "
+            "progress, e.g. 1.2), or null for no guard"
+        )
+    return float(guard)
+
+
+def catch_up_price(job: Job, on_demand_price: float) -> float:
+    """``pi``: the most a unit of work costs when the job catches up with the shadow.
+
+    Catching up adds on-demand instances to the shadow's allocation (each adds alpha work units
+    per hour) or, while the shadow is idle, runs N_max on-demand; a slot may lose delta hours to
+    a restart.
+    """
+    s = job.slot_hours
+    per_instance = max(1.0 / job.throughput.alpha, job.max_instances / job.rate(job.max_instances))
+    return on_demand_price * per_instance * s / (s - job.reconfig_overhead_hours)
+
+
+def handover_margin(job: Job) -> float:
+    """Slack, in hours, the member must leave for a handover: catching up at N_max restarts at
+    the switch and again whenever the shadow moves pools, and each restart eats delta of the
+    slack the deadline safety net needs; one slot and one restart keep the first of those out of
+    its reach."""
+    return job.slot_hours + job.reconfig_overhead_hours
+
+
+def handover_allowance(job: Job, on_demand_price: float) -> float:
+    """``E``, the bound's additive term once the guard has switched (``docs/guard.md``).
+
+    Two restarts the shadow does not make (at the switch, and when the job drops its extra
+    on-demand instances), caught up at ``pi``; the slot that overshoots the shadow; and the
+    shadow's last slot, which it pays only in part while a job still behind pays it whole.
+    """
+    restarts = 2 * job.reconfig_overhead_hours * job.rate(job.max_instances) * catch_up_price(job, on_demand_price)
+    return restarts + 2 * on_demand_price * job.max_instances * job.slot_hours
+
+
+class GuardedPolicy(Policy):
+    """``inner``'s choices while its cost stays within ``guard`` x a shadow UP's, then UP for good.
+
+    It shows as ``inner`` with ``guard`` added to its parameters, and hands the forecaster, the
+    committed plan and the realised market (an oracle) through to ``inner``.
+    """
+
+    def __init__(self, inner: Policy, guard: float = DEFAULT_GUARD) -> None:
+        self.inner = inner
+        self.guard = check_guard(guard)
+        self.name = inner.name
+        self.uses_future = inner.uses_future
+        self._shadow = UniformProgressPolicy()
+        self._shadow_progress = Progress()
+        self.switched_at: int | None = None
+        """The slot from which the job tracks the shadow; ``None`` while the inner policy runs it."""
+        self.safety_net_at: int | None = None
+        """The slot from which, after the switch, the deadline safety net runs N_max on-demand."""
+
+    @property
+    def forecaster(self) -> Forecaster | None:
+        return self.inner.forecaster
+
+    @forecaster.setter
+    def forecaster(self, forecaster: Forecaster | None) -> None:
+        self.inner.forecaster = forecaster
+
+    def params(self) -> dict[str, Any]:
+        return {**self.inner.params(), "guard": self.guard}
+
+    def reset(self, job: Job) -> None:
+        self.inner.reset(job)
+        self._shadow.reset(job)
+        self._shadow_progress = Progress()
+        self.switched_at = None
+        self.safety_net_at = None
+
+    def reveal(self, market: SlotMarket) -> None:
+        self.inner.reveal(market)
+
+    def planned(self) -> list[Allocation]:
+        return self.inner.planned() if self.switched_at is None else []
+
+    @property
+    def shadow_cost(self) -> float:
+        """What UP has paid so far on the same market, up to the last slot decided."""
+        return self._shadow_progress.cost
+
+    def decide(self, observation: Observation) -> Allocation:
+        self._follow_shadow(observation)
+        if self.switched_at is None:
+            choice = self.inner.decide(observation)
+            if self.within_bound(observation, choice):
+                return choice
+            self.switched_at = observation.slot
+        return self._track_shadow(observation)
+
+    def within_bound(self, observation: Observation, choice: Allocation) -> bool:
+        """Whether, after ``choice``, cost so far plus catching up with the shadow stays within
+        ``guard`` x the shadow's cost so far, and a job trailing a shadow still at work keeps
+        :func:`handover_margin` of slack (once the shadow is done, catching up is N_max
+        instances from the next slot, which the member's own deadline safety already allows)."""
+        job, on_demand = observation.job, observation.on_demand_price
+        after = Progress(observation.slot, observation.work_done, observation.cost_so_far, observation.previous)
+        advance(job, after, choice, observation.spot_price, on_demand)
+        shadow = self._shadow_progress
+        gap = 0.0 if after.done else max((job.work if shadow.done else shadow.work_done) - after.work_done, 0.0)
+        if gap > 0 and not shadow.done and not is_deadline_safe(job, observation, choice, handover_margin(job)):
+            return False
+        return after.cost + catch_up_price(job, on_demand) * gap <= self.guard * shadow.cost + 1e-9
+
+    def _follow_shadow(self, observation: Observation) -> None:
+        """Run the shadow UP through the current slot, on the market rows the observation holds.
+
+        The shadow depends on the market alone, so a guard restored mid-job (a resumed run)
+        replays it from submission.
+        """
+        job, shadow = observation.job, self._shadow_progress
+        if shadow.slot > observation.slot:
+            raise ValueError(
+                f"the guard's shadow is at slot {shadow.slot}, past slot {observation.slot}: reset the policy before a new job"
+            )
+        idle = Allocation.idle(observation.past.num_pools)
+        while shadow.slot <= observation.slot and not shadow.done:
+            row = observation.past_offset + shadow.slot
+            seen = Observation(
+                job=job,
+                slot=shadow.slot,
+                past=observation.past.prefix(row + 1),
+                past_offset=observation.past_offset,
+                work_done=shadow.work_done,
+                cost_so_far=shadow.cost,
+                previous=shadow.previous or idle,
+            )
+            choice = self._shadow.decide(seen)
+            advance(job, shadow, choice, observation.past.spot_price[row], observation.on_demand_price)
+
+    def _track_shadow(self, observation: Observation) -> Allocation:
+        """After the switch: the shadow's allocation, at N_max with on-demand while behind it.
+
+        The job runs what UP runs now, so it pays what UP pays, plus on-demand instances up to
+        N_max in every slot that would otherwise end with less work done than the shadow (its
+        own restart counted). Once level it stays level: the same allocations make the same
+        progress. Still behind once the shadow has finished, it keeps its N_max instances while
+        they run at no more than on-demand prices (a restart would lose work), else runs N_max
+        on-demand. A choice that is not deadline-safe hands the job to N_max on-demand for good,
+        exactly as every policy's safety net does.
+        """
+        job, shadow = observation.job, self._shadow_progress
+        fallback = on_demand_fallback(job, observation.past.num_pools)
+        if self.safety_net_at is not None:
+            return fallback
+        ran_now = shadow.slot == observation.slot + 1 and shadow.previous is not None
+        choice = shadow.previous if ran_now and shadow.previous is not None else Allocation.idle(observation.past.num_pools)
+        if shadow.done and not ran_now and self._keeps(observation):
+            return observation.previous
+        level = job.work if shadow.done else shadow.work_done
+        after = Progress(observation.slot, observation.work_done, observation.cost_so_far, observation.previous)
+        advance(job, after, choice, observation.spot_price, observation.on_demand_price)
+        if not after.done and after.work_done < level - WORK_EPSILON:
+            choice = Allocation(choice.spot, choice.on_demand + job.max_instances - choice.total)
+        if is_deadline_safe(job, observation, choice):
+            return choice
+        self.safety_net_at = observation.slot
+        return fallback
+
+    def _keeps(self, observation: Observation) -> bool:
+        """Whether the previous allocation can run on: N_max instances, still offered, each at
+        no more than the on-demand price, and deadline-safe."""
+        job, previous = observation.job, observation.previous
+        return (
+            previous.total == job.max_instances
+            and fits(previous, observation.available)
+            and all(observation.spot_price[m] <= observation.on_demand_price for m, n in enumerate(previous.spot) if n)
+            and is_deadline_safe(job, observation, previous)
+        )

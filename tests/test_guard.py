@@ -1,0 +1,188 @@
+"""The cost guard: bounded cost against Uniform Progress on adversarial markets, silent when
+predictions are right, deadline safety kept, and its parameter checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
+from airflow_provider_spotsched.market.slots import SlotMarket
+from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate
+from airflow_provider_spotsched.scheduling.guard import GuardedPolicy, handover_allowance
+from airflow_provider_spotsched.scheduling.model import Throughput
+from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy
+from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
+from airflow_provider_spotsched.scheduling.policy import Observation
+from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
+from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, on_demand_fallback
+from airflow_provider_spotsched.scheduling.selector import DEFAULT_POOL, SelectorPolicy
+from tests.markets import make_job, make_market, whole
+from tests.strategies import Scenario, scenarios
+
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+class Plenty(Forecaster):
+    """A forecast that is always wrong the same way: every pool full and nearly free from next slot on."""
+
+    name = "plenty"
+
+    def forecast(self, past: SlotMarket, horizon: int) -> Forecast:
+        check_request(past, horizon)
+        shape = (horizon, past.num_pools)
+        return Forecast(spot_price=np.full(shape, 0.01 * past.on_demand_price), available=np.full(shape, 64.0))
+
+
+def misled_chc(**params) -> CHCPolicy:
+    """CHC on the :class:`Plenty` forecast: it defers work to a future that never comes."""
+    policy = CHCPolicy(window=6, commit=1, forecaster="persistence", **params)
+    policy.forecaster = Plenty()
+    return policy
+
+
+class DeadlineChecked(GuardedPolicy):
+    """A guarded policy that asserts every decision is deadline-safe or the on-demand fallback."""
+
+    def decide(self, observation: Observation):
+        choice = super().decide(observation)
+        fallback = on_demand_fallback(observation.job, observation.past.num_pools)
+        assert choice == fallback or is_deadline_safe(observation.job, observation, choice)
+        return choice
+
+
+def spot_then_nothing():
+    """Spot at half the on-demand price for the first half of the deadline, then none at all."""
+    job = make_job(work=24.0, deadline_hours=12.0, max_instances=4, reconfig_overhead_hours=0.25, value=200.0)
+    slots = job.horizon_slots
+    price = np.full((slots, 1), 1.5)
+    available = np.array([[4] if t < 6 else [0] for t in range(slots)])
+    return job, whole(make_market(price, available, on_demand_price=3.0))
+
+
+def bound(job, up_cost: float, guard: float, on_demand_price: float) -> float:
+    """The guard's stated bound (docs/guard.md): guard x UP's cost, plus the handover allowance."""
+    return guard * up_cost + handover_allowance(job, on_demand_price) + 1e-9
+
+
+def test_a_misled_chc_pays_far_above_up_and_the_guard_keeps_it_within_the_bound():
+    job, market = spot_then_nothing()
+    up = simulate(UniformProgressPolicy(), job, market).outcome
+    unguarded = simulate(misled_chc(), job, market).outcome
+    guarded_policy = DeadlineChecked(misled_chc(), 1.2)
+    guarded = simulate(guarded_policy, job, market).outcome
+    assert unguarded.cost > 1.5 * up.cost  # the adversarial market works
+    assert guarded_policy.switched_at is not None
+    assert guarded.cost <= bound(job, up.cost, 1.2, 3.0)
+    assert not guarded.soft_miss and not unguarded.soft_miss
+
+
+def test_the_guard_stays_silent_when_the_forecast_is_right():
+    """A spot outage in the middle: UP buys on-demand to keep its line, CHC on a perfect
+    forecast waits for spot to return, trails UP by exactly the work UP bought, and is cheaper."""
+    job = make_job(work=10.0, deadline_hours=8.0, max_instances=2)
+    price = np.full((job.horizon_slots, 1), 1.0)
+    available = np.array([[0] if t in (2, 3) else [2] for t in range(job.horizon_slots)])
+    market = whole(make_market(price, available, on_demand_price=3.0))
+    up = simulate(UniformProgressPolicy(), job, market)
+    oracle = {"window": 12, "commit": 1, "forecaster": "oracle"}
+    unguarded = simulate(make_policy("chc", oracle), job, market)
+    policy = make_policy("chc", {**oracle, "guard": 1.2})
+    guarded = simulate(policy, job, market)
+    assert any(a.on_demand for a in up.allocations) and not any(a.on_demand for a in unguarded.allocations)
+    assert unguarded.outcome.cost < up.outcome.cost
+    assert isinstance(policy, GuardedPolicy) and policy.switched_at is None
+    assert guarded.allocations == unguarded.allocations
+
+
+def synthetic_job_market(seed: int, slots: int) -> JobMarket:
+    """``slots`` hourly slots of the project's synthetic market for ``seed`` (3 pools)."""
+    config = SyntheticMarketConfig(seed=seed, pools=3, days=slots / 24 + 1, tick_minutes=60.0, capacity=4)
+    synthetic = generate(config)
+    return whole(make_market(synthetic.spot_price[:slots], synthetic.available[:slots], config.on_demand_price))
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("slack", [1.25, 2.0])
+def test_the_bound_holds_on_seeded_synthetic_markets(seed, slack):
+    job = make_job(work=4 * 12.0, deadline_hours=12.0 * slack + 0.25, max_instances=4, reconfig_overhead_hours=0.25, value=2000.0)
+    market = synthetic_job_market(seed, job.horizon_slots)
+    up = simulate(UniformProgressPolicy(), job, market).outcome
+    for inner in (misled_chc(), CHCPolicy(window=12, commit=2, forecaster="persistence")):
+        policy = DeadlineChecked(inner, 1.2)
+        guarded = simulate(policy, job, market).outcome
+        assert policy.safety_net_at is None  # the case the bound leaves out does not arise here
+        assert guarded.cost <= bound(job, up.cost, 1.2, market.market.on_demand_price)
+        assert not guarded.soft_miss
+
+
+@PROPERTY
+@given(scenarios())
+def test_the_bound_holds_on_random_markets(scenario: Scenario):
+    job, market = scenario.job, scenario.job_market
+    up = simulate(UniformProgressPolicy(), job, market).outcome
+    policy = DeadlineChecked(misled_chc(), 1.1)
+    guarded = simulate(policy, job, market).outcome
+    assert not guarded.soft_miss
+    if policy.switched_at is None:  # never handed over: the bound holds without the reconfiguration
+        assert guarded.cost <= 1.1 * up.cost + 1e-9
+    assert guarded.cost <= bound(job, up.cost, 1.1, market.market.on_demand_price)
+
+
+def test_guard_shows_in_the_label_and_forwards_the_forecaster():
+    policy = make_policy("chc", {"forecaster": "persistence", "guard": 1.2})
+    assert policy.label == "chc(window=24,commit=4,forecaster=persistence,terminal_price=marginal,guard=1.2)"
+    plenty = Plenty()
+    policy.forecaster = plenty
+    assert isinstance(policy, GuardedPolicy) and policy.inner.forecaster is plenty
+    assert make_policy("chc", {"guard": None}).label == CHCPolicy().label
+    assert make_policy("chc", {"forecaster": "oracle", "guard": 1.2}).uses_future
+
+
+@pytest.mark.parametrize("guard", [0.9, -1, float("inf"), float("nan"), "1.2", True])
+def test_a_bad_guard_names_the_fix(guard):
+    with pytest.raises(ValueError, match=r"guard=.*must be a finite number >= 1 .*1 \+ lambda"):
+        make_policy("chc", {"guard": guard})
+
+
+@pytest.mark.parametrize("name", ["uniform-progress", "optimal", "selector"])
+def test_references_refuse_a_guard(name):
+    with pytest.raises(ValueError, match=f"policy '{name}' takes no guard"):
+        make_policy(name, {"guard": 1.2})
+
+
+def test_a_guard_out_of_step_with_its_job_says_to_reset():
+    job, market = spot_then_nothing()
+    policy = GuardedPolicy(misled_chc())
+    simulate(policy, job, market)
+    first = Observation(job, 0, market.market.prefix(1), 0, 0.0, 0.0, on_demand_fallback(job, 1))
+    with pytest.raises(ValueError, match="reset the policy before a new job"):
+        policy.decide(first)
+
+
+def test_the_selector_guards_its_members_and_loads_states_saved_before_the_guard():
+    selector = SelectorPolicy(warm_up_rounds=0)
+    guarded = [m for m in selector.members if isinstance(m, GuardedPolicy)]
+    assert len(guarded) == len(DEFAULT_POOL) - 1  # all but uniform-progress itself
+    old_pool = [{"policy": e["policy"], "params": {k: v for k, v in e["params"].items() if k != "guard"}} for e in DEFAULT_POOL]
+    old = SelectorPolicy(pool=old_pool, warm_up_rounds=0).to_state()
+    restored = SelectorPolicy.from_state(old)
+    assert restored.pool == tuple(old_pool) and not any(isinstance(m, GuardedPolicy) for m in restored.members)
+
+
+def test_a_resumed_guard_replays_its_shadow_from_the_market():
+    """The shadow depends on the market alone: a fresh guard asked at slot t catches up on it."""
+    job = make_job(work=24.0, deadline_hours=12.0, max_instances=4, throughput=Throughput(1.0, 0.0))
+    market = synthetic_job_market(3, job.horizon_slots)
+    running = GuardedPolicy(CHCPolicy(window=6, commit=1, forecaster="persistence"))
+    run = simulate(running, job, market)
+    fresh = GuardedPolicy(CHCPolicy(window=6, commit=1, forecaster="persistence"))
+    fresh.reset(job)
+    last = len(run.allocations) - 1
+    cost = sum(r.cost for r in run.outcome.slots[:last])
+    work = sum(r.progress for r in run.outcome.slots[:last])
+    observation = Observation(job, last, market.market.prefix(last + 1), 0, work, cost, run.allocations[last - 1])
+    fresh.decide(observation)
+    assert fresh.shadow_cost == pytest.approx(running.shadow_cost)
