@@ -23,10 +23,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from airflow_provider_spotsched.runtime.config import ConfigError
+from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, read_progress
 from airflow_provider_spotsched.runtime.hf_callback import SpotCallback
 from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, checkpoints, prune, verify
+from airflow_provider_spotsched.runtime.preemption import NoticeSource
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "docs" / "examples" / "hf_trainer_lora.py"
@@ -231,3 +232,32 @@ def test_the_shipped_sft_data_is_what_its_generator_makes_of_the_corpus() -> Non
     shipped = generate_sft.OUTPUT.read_text(encoding="utf-8")
     assert shipped == generate_sft.generate(generate_sft.CORPUS.read_text(encoding="utf-8"))
     assert all(set(json.loads(line)) == {"prompt", "response"} for line in shipped.splitlines())
+
+
+def test_a_step_and_save_longer_than_the_notice_window_is_warned_about(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    callback = SpotCallback(str(tmp_path), CheckpointSettings(cost_s=2.0), notice=NoticeSource("gcp", "http://127.0.0.1:9"))
+    callback.check_notice_window(1.0)
+    assert capsys.readouterr().err == ""
+    callback.check_notice_window(29.0)  # 29 s step + 2 s save > GCP's 30 s
+    assert "exceeds the 30 s preemption notice" in capsys.readouterr().err
+
+
+def test_sigterm_during_training_asks_the_trainer_to_save_and_stop(tmp_path: Path) -> None:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    events: list[dict[str, Any]] = []
+    callback = SpotCallback(str(tmp_path), emit=lambda event, **fields: events.append({"event": event, **fields}))
+    args = TrainingArguments(output_dir=str(callback.output_dir), save_total_limit=2, report_to="none", use_cpu=True)
+    state, control = TrainerState(max_steps=10, global_step=3), TrainerControl()
+    previous = signal.getsignal(signal.SIGTERM)
+    callback.on_train_begin(args, state, control)
+    try:
+        assert (callback.keep, args.save_total_limit) == (2, None)  # pruned by validity, not by the Trainer
+        os.kill(os.getpid(), signal.SIGTERM)
+        control = callback.on_step_end(args, state, control)
+    finally:
+        callback.on_train_end(args, state, control)
+    assert control.should_save and control.should_training_stop and callback.exit_code == EXIT_PREEMPTED
+    assert events == [{"event": "stop", "reason": "sigterm", "step": 3}]
+    assert signal.getsignal(signal.SIGTERM) is previous

@@ -151,9 +151,12 @@ class SpotCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> TrainerControl:
         now = time.monotonic()
-        self._train_seconds += now - self._last_step_end
+        step_s = now - self._last_step_end
+        self._train_seconds += step_s
         self._steps_timed += 1
         self._last_step_end = now
+        if self._steps_timed == 1:
+            self.check_notice_window(step_s)
         if self.stop.is_set():
             if not self.preempted:
                 self.preempted = True
@@ -164,6 +167,14 @@ class SpotCallback(TrainerCallback):
         if control.should_save:
             self._save_requested = now
         return control
+
+    def check_notice_window(self, step_s: float) -> None:
+        """Warn once when a step plus a save would overrun the cloud's notice window (the stop waits for both)."""
+        window = self.notice.window_s if self.notice is not None else None
+        if window is not None and step_s + self.interval.cost_s > window:
+            warn(f"a step ({step_s:.1f} s) plus a checkpoint ({self.interval.cost_s:.1f} s) exceeds the {window:.0f} s "
+                 "preemption notice: an emergency checkpoint may not finish; use a smaller global batch "
+                 "(per_device_train_batch_size x gradient_accumulation_steps)")
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
@@ -176,12 +187,14 @@ class SpotCallback(TrainerCallback):
                            world_size=args.world_size, kind=kind)
             prune(self.output_dir, self.keep, warn)
         self.checkpointed_step = step
-        save_s = now - (self._save_requested or now)
-        self.interval.record_cost(save_s)
+        save_s = now - self._save_requested if self._save_requested is not None else None
+        if save_s is not None:  # a save the Trainer made on its own (e.g. at an epoch end) is not timed
+            self.interval.record_cost(save_s)
+        self._save_requested = None
         self._last_save = self._last_step_end = time.monotonic()  # a save is not training time
         self.write_progress(args, state, "preempted" if self.preempted else "running")
         self.emit("checkpoint", name=f"checkpoint-{step}", kind=kind, step=step,
-                  samples_done=step * self._global_batch, save_s=round(save_s, 4),
+                  samples_done=step * self._global_batch, save_s=None if save_s is None else round(save_s, 4),
                   interval_s=round(self.interval.seconds, 3))
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
