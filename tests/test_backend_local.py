@@ -429,3 +429,22 @@ def test_the_market_clock_replays_slots_on_wall_time():
     with pytest.raises(ValueError, match="seconds_per_slot must be > 0"):
         MarketClock.replay(market([[1, 1]]), seconds_per_slot=0)
     assert np.array_equal(np.asarray(clock.available), [[3, 0], [1, 2]])
+
+
+def test_a_single_worker_gets_no_process_group_variables(make_harness, tmp_path, monkeypatch):
+    # LOCAL_RANK without MASTER_ADDR makes a transformers Trainer script expect a process group and fail
+    for name, value in (("LOCAL_RANK", "3"), ("MASTER_ADDR", "10.0.0.9"), ("MASTER_PORT", "1234")):
+        monkeypatch.setenv(name, value)  # stale values the supervisor would otherwise pass on
+    h = make_harness([[1, 1]])
+    dump = tmp_path / "env.json"
+    script = f"import json, os; json.dump(dict(os.environ), open({str(dump)!r}, 'w'))"
+    job = TrainingJob(f"{h.job.job_id}-env", (sys.executable, "-c", script), h.job.checkpoint_uri, h.job.pools)
+    try:
+        h.backend.reconcile(job, Allocation((1, 0), 0))
+        wait_for("the worker's environment", lambda: dump.is_file() and dump.stat().st_size > 0)
+        wait_for("the job to end", lambda: h.backend.status(job).finished)
+    finally:
+        h.backend.release(job)
+    env = json.loads(dump.read_text())
+    assert (env["RANK"], env["WORLD_SIZE"]) == ("0", "1")
+    assert not {"LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} & set(env)

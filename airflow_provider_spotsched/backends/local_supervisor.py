@@ -227,7 +227,6 @@ class Supervisor:
         env.update(
             {
                 "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "SPOTSCHED_NOTICE": f"file://{notice}",
                 "SPOTSCHED_INSTANCE_ID": record.instance_id,
@@ -236,10 +235,10 @@ class Supervisor:
             }
         )
         if world > 1:
-            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        else:
-            env.pop("MASTER_ADDR", None)
-            env.pop("MASTER_PORT", None)
+            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "LOCAL_RANK": str(rank)})
+        else:  # as the cloud start-up script: a LOCAL_RANK alone makes a transformers Trainer expect a process group
+            for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+                env.pop(name, None)
         record.rank, record.generation, record.log = rank, generation, str(stem)
         record.signalled_at = record.notice_at = record.term_at = record.exit_code = record.exited_at = None
         record.launched_at = time.time()

@@ -1,0 +1,270 @@
+"""The runtime's spot contract as a transformers ``TrainerCallback``: any Trainer script becomes spot-safe.
+
+A user's script replaces ``trainer.train()`` with ``sys.exit(spot_train(trainer))``. That one line
+adds :class:`SpotCallback` and resumes from the newest complete, checksum-valid checkpoint under
+the checkpoint URI; during training the callback
+
+- installs the runtime's preemption watchers (:mod:`.preemption`: SIGTERM, the AWS/GCP notices,
+  ``file://`` notices) and, at the first optimizer-step end after a notice, makes the Trainer save
+  (an emergency checkpoint, inside the notice window when a step is shorter than it) and stop;
+  the script then exits 75 (:data:`.contract.EXIT_PREEMPTED`);
+- asks for periodic saves on the Young/Daly interval (:mod:`.interval`), and for one at the last step;
+- after every save writes the checkpoint's checksum manifest and prunes to the K newest valid
+  checkpoints (:mod:`.hf_checkpoints`), then ``progress.json`` (:mod:`.contract`);
+- prints one JSON line per event (``resumed``, ``log``, ``stop``, ``checkpoint``, ``done``).
+
+At the end it exports the adapter to ``URI/final/`` and reports ``done`` (exit 0). Divergence
+rollback (:mod:`.guard`) is not part of it: rolling back inside ``Trainer.train`` needs the
+Trainer's data position rewound, which a callback cannot do. Single process only: the manifest
+covers rank 0's files, and a multi-process Trainer saves per-rank RNG files (torchrun is separate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from airflow_provider_spotsched.runtime.checkpoint import utc_now
+from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError
+from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, Progress, write_progress
+from airflow_provider_spotsched.runtime.hf_checkpoints import (
+    checkpoint_step,
+    latest_valid,
+    prune,
+    remove_newer_than,
+    write_manifest,
+)
+from airflow_provider_spotsched.runtime.interval import CheckpointInterval
+from airflow_provider_spotsched.runtime.preemption import NoticeSource, NoticeWatcher, StopFlag, install_sigterm_handler
+from airflow_provider_spotsched.runtime.train import Emitter, warn
+
+CHECKPOINTS = "checkpoints"  # URI/checkpoints/checkpoint-N/: the Trainer's output_dir
+FINAL = "final"  # URI/final/: the finished adapter, as for the builtin runtime
+URI_ENV = "SPOTSCHED_CHECKPOINT_URI"
+SETTINGS_ENV = "SPOTSCHED_CHECKPOINT"  # JSON object: the runtime config's "checkpoint" section
+POLL_ENV = "SPOTSCHED_NOTICE_POLL_S"
+DEFAULT_POLL_S = 1.0
+
+
+def local_directory(checkpoint_uri: str) -> Path:
+    """The directory of a local checkpoint URI; the Trainer writes with ``os``, so no object stores here."""
+    parsed = urlparse(checkpoint_uri)
+    if parsed.scheme not in ("", "file"):
+        raise ValueError(
+            f"checkpoint URI {checkpoint_uri!r}: SpotCallback checkpoints through the Trainer's output_dir, "
+            "a local directory; give a path (or a mounted bucket's path), not an object-store URL")
+    return Path(parsed.path if parsed.scheme == "file" else checkpoint_uri).expanduser()
+
+
+class SpotCallback(TrainerCallback):
+    """Notices -> emergency save and stop; Young/Daly periodic saves; manifests, pruning, ``progress.json``."""
+
+    def __init__(self, checkpoint_uri: str, checkpoint: CheckpointSettings | None = None,
+                 notice: NoticeSource | None = None, notice_poll_s: float = DEFAULT_POLL_S,
+                 emit: Callable[..., None] | None = None) -> None:
+        if notice_poll_s <= 0:
+            raise ValueError(f"notice_poll_s must be > 0, got {notice_poll_s!r}")
+        self.root = local_directory(checkpoint_uri)
+        self.checkpoint_uri = str(self.root)
+        self.settings = checkpoint or CheckpointSettings()
+        self.interval = CheckpointInterval(self.settings)
+        self.notice, self.notice_poll_s = notice, notice_poll_s
+        self.emit = emit or Emitter(True)
+        self.stop = StopFlag()
+        self.preempted = False
+        self.keep = self.settings.keep
+        self.checkpointed_step = 0
+        self.loss: float | None = None
+        self._watcher: NoticeWatcher | None = None
+        self._restore_sigterm: Callable[[], None] | None = None
+        self._last_save = self._last_step_end = time.monotonic()
+        self._save_requested: float | None = None
+        self._train_seconds = 0.0
+        self._steps_timed = 0
+        self._global_batch = 0  # samples per optimizer step, known once training begins
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, checkpoint_uri: str | None = None) -> SpotCallback:
+        """Built from ``$SPOTSCHED_CHECKPOINT_URI`` (unless given), ``$SPOTSCHED_NOTICE``,
+        ``$SPOTSCHED_CHECKPOINT`` (JSON: keep, min/max_interval_s, cost_s, mtbp_hours) and
+        ``$SPOTSCHED_NOTICE_POLL_S``: what a launcher sets, so the script needs no arguments for it."""
+        env = os.environ if env is None else env
+        uri = checkpoint_uri or env.get(URI_ENV)
+        if not uri:
+            raise ValueError(f"no checkpoint URI: set ${URI_ENV} or pass checkpoint_uri (where checkpoints "
+                             "and progress.json go)")
+        try:
+            raw = json.loads(env.get(SETTINGS_ENV) or "{}")
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"${SETTINGS_ENV} is not JSON ({error}); give an object such as "
+                              '{"max_interval_s": 600}') from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"${SETTINGS_ENV} must be a JSON object, got {raw!r}")
+        try:
+            poll = float(env.get(POLL_ENV) or DEFAULT_POLL_S)
+        except ValueError:
+            raise ValueError(f"${POLL_ENV} must be a number of seconds, got {env.get(POLL_ENV)!r}") from None
+        return cls(uri, CheckpointSettings.from_dict(raw), NoticeSource.from_env(env), poll)
+
+    @property
+    def output_dir(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    # -- resuming ------------------------------------------------------------------------------
+
+    def resume_checkpoint(self, leader: bool = True) -> str | None:
+        """The newest complete, checksum-valid checkpoint (for ``resume_from_checkpoint``), None if none.
+
+        The leader removes the unusable newer ones, so the Trainer never saves into a stale directory.
+        """
+        chosen, skipped = latest_valid(self.output_dir, warn)
+        step = checkpoint_step(chosen) if chosen else None
+        if leader:
+            remove_newer_than(self.output_dir, step, warn)
+        self.checkpointed_step = step or 0
+        self.emit("resumed", checkpoint=chosen.name if chosen else None, step=self.checkpointed_step,
+                  skipped=skipped)
+        return str(chosen) if chosen else None
+
+    # -- the Trainer's events ------------------------------------------------------------------
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        if Path(args.output_dir or "").resolve() != self.output_dir.resolve():
+            raise ValueError(f"TrainingArguments.output_dir is {args.output_dir!r}, but SpotCallback checkpoints "
+                             f"under {str(self.output_dir)!r}: set output_dir to it, or use spot_train(trainer)")
+        if args.save_total_limit:  # the Trainer's rotation counts directories, valid or not: prune here instead
+            self.keep, args.save_total_limit = args.save_total_limit, None
+        self._restore_sigterm = install_sigterm_handler(self.stop)
+        if self.notice is not None:
+            self._watcher = NoticeWatcher(self.notice, self.stop, self.notice_poll_s, on_error=warn).start()
+        self._global_batch = global_batch(args)
+        self._last_save = self._last_step_end = time.monotonic()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        now = time.monotonic()
+        step_s = now - self._last_step_end
+        self._train_seconds += step_s
+        self._steps_timed += 1
+        self._last_step_end = now
+        if self._steps_timed == 1:
+            self.check_notice_window(step_s)
+        if self.stop.is_set():
+            if not self.preempted:
+                self.preempted = True
+                self.emit("stop", reason=self.stop.reason, step=state.global_step)
+            control.should_save = control.should_training_stop = True
+        elif state.global_step >= state.max_steps or self.interval.due(now - self._last_save):
+            control.should_save = True
+        if control.should_save:
+            self._save_requested = now
+        return control
+
+    def check_notice_window(self, step_s: float) -> None:
+        """Warn once when a step plus a save would overrun the cloud's notice window (the stop waits for both)."""
+        window = self.notice.window_s if self.notice is not None else None
+        if window is not None and step_s + self.interval.cost_s > window:
+            warn(f"a step ({step_s:.1f} s) plus a checkpoint ({self.interval.cost_s:.1f} s) exceeds the {window:.0f} s "
+                 "preemption notice: an emergency checkpoint may not finish; use a smaller global batch "
+                 "(per_device_train_batch_size x gradient_accumulation_steps)")
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        now = time.monotonic()
+        step = state.global_step
+        kind = "emergency" if self.preempted else "final" if step >= state.max_steps else "periodic"
+        if args.should_save:
+            directory = self.output_dir / f"checkpoint-{step}"
+            write_manifest(directory, step=step, samples_done=step * self._global_batch,
+                           world_size=args.world_size, kind=kind)
+            prune(self.output_dir, self.keep, warn)
+        self.checkpointed_step = step
+        save_s = now - self._save_requested if self._save_requested is not None else None
+        if save_s is not None:  # a save the Trainer made on its own (e.g. at an epoch end) is not timed
+            self.interval.record_cost(save_s)
+        self._save_requested = None
+        self._last_save = self._last_step_end = time.monotonic()  # a save is not training time
+        self.write_progress(args, state, "preempted" if self.preempted else "running")
+        self.emit("checkpoint", name=f"checkpoint-{step}", kind=kind, step=step,
+                  samples_done=step * self._global_batch, save_s=None if save_s is None else round(save_s, 4),
+                  interval_s=round(self.interval.seconds, 3))
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if logs and "loss" in logs:
+            self.loss = float(logs["loss"])
+            self.emit("log", step=state.global_step, loss=self.loss)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the notice watcher and give SIGTERM its previous handler back."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        if self._restore_sigterm is not None:
+            self._restore_sigterm()
+            self._restore_sigterm = None
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    @property
+    def samples_per_second(self) -> float:
+        """Measured over this process's steps, checkpoint saves excluded."""
+        return 0.0 if not self._train_seconds else self._steps_timed * self._global_batch / self._train_seconds
+
+    def write_progress(self, args: TrainingArguments, state: TrainerState, status: str) -> None:
+        """Rank 0's ``progress.json``: checkpointed samples, measured samples/s, loss, step; best-effort."""
+        if not state.is_world_process_zero:
+            return
+        try:
+            write_progress(self.checkpoint_uri, Progress(
+                samples_done=self.checkpointed_step * self._global_batch,
+                samples_total=state.max_steps * self._global_batch, step=self.checkpointed_step, loss=self.loss,
+                samples_per_second=round(self.samples_per_second, 3), world_size=args.world_size,
+                checkpoint=f"checkpoint-{self.checkpointed_step}" if self.checkpointed_step else None,
+                status=status, updated=utc_now()))
+        except Exception as error:  # storage errors share no base class; the next write replaces it
+            warn(f"progress not written ({type(error).__name__}: {error}); the next write replaces it")
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PREEMPTED if self.preempted else EXIT_DONE
+
+    def train(self, trainer: Trainer) -> int:
+        """Point ``trainer`` at the checkpoint URI, resume, train, export the adapter; the exit code."""
+        trainer.args.output_dir = str(self.output_dir)
+        trainer.add_callback(self)
+        leader = trainer.is_world_process_zero()
+        try:
+            trainer.train(resume_from_checkpoint=self.resume_checkpoint(leader))
+        finally:
+            self.close()
+        if self.preempted:
+            return EXIT_PREEMPTED
+        if leader:
+            trainer.save_model(str(self.root / FINAL))
+        self.write_progress(trainer.args, trainer.state, "done")
+        self.emit("done", step=trainer.state.global_step, loss=self.loss, final=str(self.root / FINAL))
+        return EXIT_DONE
+
+
+def global_batch(args: TrainingArguments) -> int:
+    """Samples per optimizer step across all processes (the work unit's step size)."""
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+
+
+def spot_train(trainer: Trainer, checkpoint_uri: str | None = None) -> int:
+    """``trainer.train()`` under the spot contract; returns the exit code (0 done, 75 preempted)."""
+    return SpotCallback.from_env(checkpoint_uri=checkpoint_uri).train(trainer)
+
