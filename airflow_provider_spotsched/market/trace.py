@@ -44,6 +44,11 @@ def format_timestamp(value: datetime) -> str:
     return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def format_instant(value: datetime) -> str:
+    """A wall-clock instant to the millisecond: run logs time slots seconds apart in tests and demos."""
+    return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 @dataclass(frozen=True)
 class PoolSeries:
     """The ticks of one market (pool), sorted by time; times are UTC epoch seconds."""

@@ -33,7 +33,7 @@ import numpy as np
 
 from airflow_provider_spotsched.forecast import make_forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
-from airflow_provider_spotsched.market.trace import format_timestamp, parse_timestamp
+from airflow_provider_spotsched.market.trace import format_instant, format_timestamp, parse_timestamp
 from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Allocation, Job, JobError, as_count
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
@@ -287,7 +287,7 @@ class OnlineRun:
         for record in self.records[self._decided :]:  # a resumed run replays what it observed
             policy.decide(self._observation(record.slot))
             self._decided += 1
-        observation = self._observation(self.slot, work_done)
+        observation = self._observation(self.slot, work_done, now)
         allocation = policy.decide(observation)
         allocation.check(job, self.market.available[-1])
         self._decided += 1
@@ -299,7 +299,7 @@ class OnlineRun:
             )
         record = SlotRecord(
             slot=self.slot,
-            time=format_timestamp(now),
+            time=format_instant(now),
             market_time=format_timestamp(self.market_now),
             market=self._market_log(),
             on_demand_price=float(self.market.on_demand_price),
@@ -338,7 +338,7 @@ class OnlineRun:
 
     def note_next_decision(self, at: datetime) -> None:
         """When the next slot boundary falls on the wall clock (shown while the run is live)."""
-        self.records[-1].next_decision = format_timestamp(at)
+        self.records[-1].next_decision = format_instant(at)
 
     def pass_unwatched(
         self, spot_price: Sequence[float] | np.ndarray, available: Sequence[int] | np.ndarray, now: datetime, work_done: float
@@ -358,7 +358,7 @@ class OnlineRun:
             Allocation(tuple(min(n, int(a)) for n, a in zip(carried.spot, capacity)), carried.on_demand), self.config.pools
         )
         record = replace(
-            self.records[-1], slot=self.slot, time=format_timestamp(now), market_time=format_timestamp(self.market_now),
+            self.records[-1], slot=self.slot, time=format_instant(now), market_time=format_timestamp(self.market_now),
             market=self._market_log(), forecast=None, plan=None, allocation=ran, applied=ran, work_done=float(work_done),
             cost_so_far=self.cost, on_demand_cost_so_far=self._on_demand_cost_until(self.slot), next_decision=None,
         )
@@ -398,8 +398,7 @@ class OnlineRun:
 
     def hours_at(self, now: datetime) -> float:
         """Hours after submission on the market's clock at wall-clock ``now``."""
-        elapsed = (now - self.started).total_seconds()
-        return elapsed / self.config.wall_seconds_per_slot * self.config.job.slot_hours
+        return self._market_hours(self.started, now)
 
     # -- the result -----------------------------------------------------------------------
 
@@ -499,7 +498,7 @@ class OnlineRun:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _observation(self, slot: int, work_done: float | None = None) -> Observation:
+    def _observation(self, slot: int, work_done: float | None = None, now: datetime | None = None) -> Observation:
         """What the policy knew at ``slot``: recorded for past slots, ``work_done`` for this one.
 
         The job carries the throughput the policy planned on: the recorded estimate for a past
@@ -514,7 +513,7 @@ class OnlineRun:
                 job = replace(job, throughput=throughput_from_dict(record.throughput))
         else:
             work, cost = (work_done or 0.0), self.cost
-            job = self._estimate(work).job(job)
+            job = self._estimate(work, now).job(job)
         previous = Allocation.idle(len(self.config.pools))
         applied = self.records[slot - 1].applied if slot > 0 else None
         if applied is not None:
@@ -529,25 +528,34 @@ class OnlineRun:
             previous=previous,
         )
 
-    def _estimate(self, work_done: float) -> ThroughputEstimate:
+    def _estimate(self, work_done: float, now: datetime | None) -> ThroughputEstimate:
         """The throughput measured over the slots decided so far, ``work_done`` at the current one.
 
-        A slot's work is the measured work at the next boundary less that at its own; its
-        effective hours lose the reconfiguration overhead when what ran differs from the slot
-        before. Skipped: a slot with nothing recorded as applied, and one with a preemption,
-        whose lost instances and work rolled back to a checkpoint say nothing about H(n).
+        A slot's work is the measured work at the next decision less that at its own, and its
+        hours are the market hours between those two readings (``now`` for the current one;
+        the slot's length where a time is missing): a decision that reads the work late (a
+        delayed trigger, a state store retried) credits the slot with more time, not just
+        more work, so the next one is not read as a slowdown. Its effective hours lose the
+        reconfiguration overhead when what ran differs from the slot before. Skipped: a slot
+        with nothing recorded as applied, and one with a preemption, whose lost instances and
+        work rolled back to a checkpoint say nothing about H(n).
         """
         job, pools = self.config.job, self.config.pools
         estimate = ThroughputEstimate(job.throughput)
-        ends = [r.work_done for r in self.records[1:]] + [work_done]
+        ends = [(r.work_done, parse_timestamp(r.time)) for r in self.records[1:]] + [(work_done, now)]
         previous, preemptions = Allocation.idle(len(pools)), 0
-        for record, end in zip(self.records, ends):
+        for record, (end, read_at) in zip(self.records, ends):
             applied = allocation_from_dict(record.applied or {}, pools)
             lost = job.reconfig_overhead_hours if applied.total and applied != previous else 0.0
+            hours = job.slot_hours if read_at is None else self._market_hours(parse_timestamp(record.time), read_at)
             if record.applied is not None and record.preemptions <= preemptions:
-                estimate.observe(applied.total, max(job.slot_hours - lost, 0.0), max(end - record.work_done, 0.0))
+                estimate.observe(applied.total, max(hours - lost, 0.0), max(end - record.work_done, 0.0))
             previous, preemptions = applied, record.preemptions
         return estimate
+
+    def _market_hours(self, start: datetime, end: datetime) -> float:
+        """Market hours between two wall-clock instants of this run."""
+        return (end - start).total_seconds() / self.config.wall_seconds_per_slot * self.config.job.slot_hours
 
     def _slot_bill(self, hours: float) -> float:
         record = self.records[-1] if self.records else None

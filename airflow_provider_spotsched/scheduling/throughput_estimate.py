@@ -22,9 +22,10 @@ is what one slot can tell (a job mostly runs at one ``n``, which cannot separate
   the measured ratios alone, ``m - z * s / sqrt(n_eff)`` (weighted mean ``m``, weighted
   spread ``s``, effective sample count ``n_eff = (sum w)^2 / sum w^2``). Bad news is believed at
   once (a measurement below the declaration lowers ``k`` from the first slot, since the bound
-  ignores the prior), good news slowly (``k`` rises above 1 only as fast as the shrunk mean and
-  only as far as the bound allows). A throughput that errs low costs money (the safety net
-  fires early); one that errs high costs the deadline.
+  ignores the prior), good news never: ``k`` is capped at 1. A throughput that errs low costs
+  money (the safety net fires early); one that errs high costs the deadline, and a job measured
+  ahead of its declaration can lose that lead to load or a slower node after its plan spent
+  the slack it seemed to give (the fault suite's loaded workers did exactly that).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class ThroughputEstimate:
 
     @property
     def factor(self) -> float:
-        """``k``: the conservative scale of the declared throughput, the lower of both views.
+        """``k``: the conservative scale of the declared throughput, the lower of both views, at most 1.
 
         Floored at a thousandth: a slot measured at no work at all (a hung runtime) makes the
         safety net fire, without a zero throughput that no :class:`Job` accepts. Rounded to nine
@@ -114,7 +115,7 @@ class ThroughputEstimate:
         simulator) and work differenced from running totals (an online run) then give the same
         estimate, so their plans agree instead of parting at a safety net's knife edge.
         """
-        return round(max(min(self.shrunk_factor, self.lower_factor), 1e-3), 9)
+        return round(max(min(self.shrunk_factor, self.lower_factor, 1.0), 1e-3), 9)
 
     def throughput(self) -> Throughput:
         """The estimated ``H(n) = k * alpha * n + k * beta``."""
