@@ -73,8 +73,6 @@ DEFAULT_POOL: tuple[dict[str, Any], ...] = (
         "params": {"price_threshold": 0.5, "safety_slots": 1.0, "spot_premium": 0.0, "guard": DEFAULT_GUARD},
     },
     {"policy": "uniform-progress", "params": {}},
-    # Single-instance peers (SkyNomad's artifact): they join the learners of N_max = 1 kinds only.
-    {"policy": "skynomad", "params": {"guard": DEFAULT_GUARD}},
 )
 
 logger = logging.getLogger(__name__)
