@@ -381,3 +381,49 @@ def test_bad_configuration_is_refused_with_the_fix(kwargs, message, monkeypatch)
 def test_full_information_losses_are_shortfalls_from_the_rounds_best():
     losses = shortfall_losses({"a": 10.0, "b": 9.0, "c": -50.0}, scale=2.0)
     assert losses == {"a": 0.0, "b": pytest.approx(0.5), "c": 1.0}
+
+
+SINGLE_POOL = [*POOL, {"policy": "skynomad", "params": {}}]
+
+
+def test_a_single_instance_member_plays_and_learns_only_on_single_instance_jobs():
+    selector = SelectorPolicy(SINGLE_POOL, warm_up_rounds=2)
+    skynomad = selector.labels[-1]
+    multi, single = make_job(), make_job(max_instances=1, work=4.0)
+    jm = job_market(60, 0)
+    simulate(selector, multi, jm)  # would raise if SkyNomad were asked to run N_max = 2
+    assert skynomad not in selector.weights(multi) and selector.playing != skynomad
+    assert skynomad not in selector.update(multi, jm)
+    assert skynomad not in selector.counterfactual_utilities(multi, jm)
+    assert selector.to_state()["contexts"][job_context(multi)]["cumulative_loss"][skynomad] == 0.0
+    simulate(selector, single, jm)
+    assert selector.weights(single)[skynomad] > 0
+    assert set(selector.update(single, jm)) == set(selector.labels)
+    assert sum(selector.weights(single).values()) == pytest.approx(1.0)
+
+
+def test_a_masked_learner_is_hedge_over_its_active_members():
+    masked = ExponentialWeights(3, active=[True, False, True])
+    plain = ExponentialWeights(2)
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        loss = rng.uniform(0, 1, 3)
+        masked.learn_full(loss)
+        plain.learn_full(loss[[0, 2]])
+        assert masked.probabilities()[[0, 2]] == pytest.approx(plain.probabilities())
+        assert masked.probabilities()[1] == 0.0
+    assert masked.mixability_gap == pytest.approx(plain.mixability_gap)
+    with pytest.raises(ValueError, match="cannot run this kind of job"):
+        masked.learn_bandit(1, 0.5, 0.5)
+
+
+def test_a_restored_selector_keeps_single_instance_members_out_of_multi_instance_kinds():
+    selector = SelectorPolicy(SINGLE_POOL, warm_up_rounds=1)
+    multi = make_job()
+    jm = job_market(60, 1)
+    simulate(selector, multi, jm)
+    selector.update(multi, jm)
+    restored = SelectorPolicy.from_state(json.loads(json.dumps(selector.to_state())))
+    assert restored.weights(multi) == selector.weights(multi)
+    assert restored.labels[-1] not in restored.weights(multi)
+    assert simulate(restored, multi, jm).allocations == simulate(selector, multi, jm).allocations

@@ -90,6 +90,7 @@ class GuardedPolicy(Policy):
         self.guard = check_guard(guard)
         self.name = inner.name
         self.uses_future = inner.uses_future
+        self.single_instance = inner.single_instance
         self._shadow = UniformProgressPolicy()
         self._shadow_progress = Progress()
         self.switched_at: int | None = None

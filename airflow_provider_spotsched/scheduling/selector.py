@@ -115,15 +115,22 @@ class ExponentialWeights:
     the leader while the leader keeps winning and hedges when the rounds disagree, and its regret
     stays under ``sqrt(T ln K) + 2``. Before any gap (``Delta = 0``) it plays the leaders
     uniformly. EXP3 takes the anytime rate ``sqrt(ln K / (t K))``.
+
+    ``active`` masks out the members that cannot run this learner's kind of job (a
+    single-instance member on an N_max > 1 job): they are never played and learn nothing, so
+    the learner is the same algorithm over the ``K`` active members, with ``ln K`` of those.
     """
 
-    def __init__(self, num_members: int, algorithm: str = "hedge") -> None:
+    def __init__(self, num_members: int, algorithm: str = "hedge", active: Sequence[bool] | np.ndarray | None = None) -> None:
         if num_members < 1:
             raise ValueError("pool is empty; give at least one member")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
         self.algorithm = algorithm
         self.cumulative_loss = np.zeros(num_members)
+        self.active = np.ones(num_members, dtype=bool) if active is None else np.asarray(active, dtype=bool)
+        if self.active.shape != (num_members,) or not self.active.any():
+            raise ValueError(f"active must be {num_members} flags with at least one member active, got {active!r}")
         self.rounds = 0
         self.mixability_gap = 0.0
 
@@ -133,14 +140,17 @@ class ExponentialWeights:
 
     def eta(self) -> float:
         """The learning rate of the next round (``inf``: follow the leaders)."""
-        k = self.num_members
+        k = int(self.active.sum())
         if self.algorithm == "exp3":
             return math.sqrt(math.log(k) / ((self.rounds + 1) * k))
+        if k == 1:  # a lone member: nothing to learn, every rate plays it
+            return math.inf
         return math.log(k) / self.mixability_gap if self.mixability_gap > 0 else math.inf
 
     def probabilities(self) -> np.ndarray:
-        """The distribution the next round plays."""
-        shifted = self.cumulative_loss - self.cumulative_loss.min()
+        """The distribution the next round plays (0 for an inactive member)."""
+        losses = np.where(self.active, self.cumulative_loss, np.inf)
+        shifted = losses - losses.min()
         eta = self.eta()
         weights = (shifted == 0).astype(float) if math.isinf(eta) else np.exp(-eta * shifted)
         return weights / weights.sum()
@@ -153,17 +163,19 @@ class ExponentialWeights:
         return index, float(p[index])
 
     def learn_full(self, losses: Sequence[float] | np.ndarray) -> None:
-        """A full-information round: every member's loss in [0, 1]."""
+        """A full-information round: every member's loss in [0, 1] (an inactive member's is ignored)."""
         loss = np.asarray(losses, dtype=float)
         if loss.shape != self.cumulative_loss.shape or not np.all((loss >= 0) & (loss <= 1)):
             raise ValueError(f"losses must be {self.num_members} numbers in [0, 1], got {loss.tolist()}")
+        loss = np.where(self.active, loss, 0.0)
         p, eta = self.probabilities(), self.eta()
         played = float(p @ loss)
         if math.isinf(eta):  # the mix loss of following the leaders is the least loss among them
             mix = float(loss[p > 0].min())
         else:  # -1/eta ln sum_i p_i exp(-eta l_i), in log space: p_i may underflow at a large eta
-            log_weights = -eta * (self.cumulative_loss - self.cumulative_loss.min())
-            mix = (_log_sum_exp(log_weights) - _log_sum_exp(log_weights - eta * loss)) / eta
+            on = self.active
+            log_weights = -eta * (self.cumulative_loss[on] - self.cumulative_loss[on].min())
+            mix = (_log_sum_exp(log_weights) - _log_sum_exp(log_weights - eta * loss[on])) / eta
         self.mixability_gap += max(played - mix, 0.0)
         self.cumulative_loss += loss
         self.rounds += 1
@@ -172,6 +184,8 @@ class ExponentialWeights:
         """A bandit round: the played member's loss, importance-weighted by its probability."""
         if not 0.0 <= loss <= 1.0 or not 0.0 < probability <= 1.0:
             raise ValueError(f"need a loss in [0, 1] and a probability in (0, 1], got {loss} and {probability}")
+        if not self.active[index]:
+            raise ValueError(f"member {index} cannot run this kind of job, so it cannot have been played")
         self.cumulative_loss[index] += loss / probability
         self.rounds += 1
 
@@ -231,6 +245,7 @@ class SelectorPolicy(Policy):
         # member that is playing the current job.
         self._replayers = [make_policy(e["policy"], e["params"]) for e in self.pool]
         self.labels = tuple(m.label for m in self.members)
+        self._single_instance = tuple(m.single_instance for m in self.members)
         duplicates = sorted({label for label in self.labels if self.labels.count(label) > 1})
         if duplicates:
             raise ValueError(f"pool lists the same member twice: {duplicates}; give each member different params")
@@ -339,11 +354,12 @@ class SelectorPolicy(Policy):
         learner = self._learner(job)
         on_demand = on_demand_cost(job, job_market.market.on_demand_price)
         if self.algorithm == "hedge":
-            for index, label in enumerate(self.labels):
-                if label not in known:
-                    known[label] = self._replay(index, job, job_market)
-            losses = shortfall_losses(known, on_demand)
-            learner.learn_full([losses[label] for label in self.labels])
+            for index in self._active_indices(job):
+                if self.labels[index] not in known:
+                    known[self.labels[index]] = self._replay(index, job, job_market)
+            active = {self.labels[i]: known[self.labels[i]] for i in self._active_indices(job)}
+            losses = shortfall_losses(active, on_demand)
+            learner.learn_full([losses.get(label, 0.0) for label in self.labels])
         else:
             if played is None:
                 raise ValueError("exp3 feedback needs the member played this round: run the job through decide first")
@@ -406,16 +422,19 @@ class SelectorPolicy(Policy):
         return 0 if learner is None else learner.rounds
 
     def weights(self, job: Job) -> dict[str, float]:
-        """The distribution ``job``'s round is drawn from, by member label (uniform for a kind of
-        job not seen yet, before its warm-up); reading it changes nothing."""
+        """The distribution ``job``'s round is drawn from, by the label of each member that can run
+        it (uniform for a kind of job not seen yet, before its warm-up); reading it changes nothing."""
         learner = self._learners.get(job_context(job)) or ExponentialWeights(len(self.pool), self.algorithm)
-        return dict(zip(self.labels, learner.probabilities().tolist()))
+        learner.active = self._active(job)
+        p = learner.probabilities()
+        return {self.labels[i]: float(p[i]) for i in self._active_indices(job)}
 
     # -- learning ------------------------------------------------------------------------
 
     def counterfactual_utilities(self, job: Job, job_market: JobMarket) -> dict[str, float]:
-        """Every member's utility had it run ``job`` on the realised ``job_market``."""
-        return {label: self._replay(i, job, job_market) for i, label in enumerate(self.labels)}
+        """Every member's utility had it run ``job`` on the realised ``job_market`` (the members
+        that can run it: a single-instance member sits out an N_max > 1 job)."""
+        return {self.labels[i]: self._replay(i, job, job_market) for i in self._active_indices(job)}
 
     def warm_up(self, history: JobMarket, job: Job, rounds: int | None = None) -> int:
         """Full-information rounds for ``job``'s kind on windows of ``history`` that end at or
@@ -431,7 +450,7 @@ class SelectorPolicy(Policy):
         on_demand = on_demand_cost(job, past.on_demand_price)
         for window_job, window in windows:
             losses = shortfall_losses(self.counterfactual_utilities(window_job, window), on_demand)
-            learner.learn_full([losses[label] for label in self.labels])
+            learner.learn_full([losses.get(label, 0.0) for label in self.labels])
         return len(windows)
 
     def _learner(self, job: Job) -> ExponentialWeights:
@@ -439,11 +458,20 @@ class SelectorPolicy(Policy):
         beyond :data:`MAX_CONTEXTS` kinds is dropped)."""
         context = job_context(job)
         if context not in self._learners:
-            self._learners[context] = ExponentialWeights(len(self.pool), self.algorithm)
+            self._learners[context] = ExponentialWeights(len(self.pool), self.algorithm, self._active(job))
             while len(self._learners) > MAX_CONTEXTS:
                 self._learners.popitem(last=False)
         self._learners.move_to_end(context)
-        return self._learners[context]
+        learner = self._learners[context]
+        learner.active = self._active(job)  # a function of N_max, part of the kind: a restored learner gets it here
+        return learner
+
+    def _active(self, job: Job) -> np.ndarray:
+        """Which members can run ``job``: all, but a single-instance one only where N_max = 1."""
+        return np.array([not single or job.max_instances == 1 for single in self._single_instance])
+
+    def _active_indices(self, job: Job) -> list[int]:
+        return np.flatnonzero(self._active(job)).tolist()
 
     def _draw(self) -> float:
         """The next number of the draw sequence (:func:`golden_draw`), counted."""

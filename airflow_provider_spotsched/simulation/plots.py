@@ -146,7 +146,7 @@ def selector_weights(selector: dict[str, Any]) -> Figure | None:
         plays = selector[trace]["plays"]
         starts = list(dict.fromkeys(play["start"] for play in plays))
         for i, member in enumerate(selector[trace]["members"]):
-            means = [np.mean([p["probabilities"][member] for p in plays if p["start"] == s]) for s in starts]
+            means = [np.mean([p["probabilities"].get(member, 0.0) for p in plays if p["start"] == s]) for s in starts]
             ax.plot(range(1, len(starts) + 1), means, label=member, **_style(i))
         ax.set_title(trace)
         ax.set_xlabel("start time (1 = first; each kind of job warms up before it)")

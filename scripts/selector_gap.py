@@ -1,0 +1,55 @@
+"""Where the selector's gap to the optimum is, from an evaluation's results (run with `selector`
+and `optimal`): per trace, its expected excess cost, the best member per kind of job in
+hindsight, and the best member per job in hindsight.
+
+The selector learns one distribution per kind of job, so the best it can approach is the best
+member per kind: the distance from its expected cost to that figure is the selection's part of
+the gap, the rest of the way to the optimum is the members'. The best member per job is what a
+selector with perfect context (beyond the kind) could reach at most. Plain script:
+
+    python scripts/selector_gap.py results/eval            # the folder `spotsched evaluate --out` wrote
+    python scripts/selector_gap.py results/eval --nmax 1   # the N_max = 1 jobs only
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+SCENARIO = ("trace", "start", "n_max", "slack", "overhead")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="folder written by `spotsched evaluate --out`")
+    parser.add_argument("--nmax", type=int, nargs="+", help="only the jobs with these N_max (default: all)")
+    args = parser.parse_args()
+    with (args.results / "results.csv").open(newline="") as handle:
+        optimal = {tuple(r[k] for k in SCENARIO): r for r in csv.DictReader(handle) if r["policy"] == "optimal"}
+    learning = json.loads((args.results / "results.json").read_text())["selector"]
+    if not optimal or not learning:
+        raise SystemExit(f"{args.results} holds no optimal runs or no selector learning; evaluate with both policies")
+    print(f"{'trace':<32} {'jobs':>5} {'expected':>9} {'best per kind':>14} {'best per job':>13}")
+    for trace, record in learning.items():
+        expected, best_job = [], []
+        per_kind: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for play in record["plays"]:
+            if args.nmax and play["n_max"] not in args.nmax:
+                continue
+            reference = optimal[(trace, play["start"], *(str(play[k]) for k in SCENARIO[2:]))]
+            cost, utility = float(reference["cost"]), float(reference["utility"])
+            excess = {member: (utility - u) / cost for member, u in play["utilities"].items()}
+            expected.append(sum(p * excess[member] for member, p in play["probabilities"].items()))
+            best_job.append(min(excess.values()))
+            for member, value in excess.items():
+                per_kind[play["context"]][member] += value
+        n = len(expected)
+        best_kind = sum(min(totals.values()) for totals in per_kind.values()) / n
+        print(f"{trace:<32} {n:>5} {100 * sum(expected) / n:>+8.1f}% {100 * best_kind:>+13.1f}% {100 * sum(best_job) / n:>+12.1f}%")
+
+
+if __name__ == "__main__":
+    main()
