@@ -225,7 +225,8 @@ def test_an_online_run_estimates_as_the_simulator_does_across_restarts(gcp_marke
     assert run.result()["completion_hours"] == pytest.approx(reference.outcome.completion_hours)
     log = run.decision_log()
     assert log[0]["throughput"] == {"alpha": 1.0, "beta": 0.0}
-    assert log[1]["throughput"]["alpha"] == pytest.approx(SLOWER)
+    assert log[1]["throughput"] == {"alpha": 1.0, "beta": 0.0}  # slot 0 started the workers: not a measurement
+    assert any(entry["throughput"]["alpha"] == pytest.approx(SLOWER) for entry in log[2:])
     assert log[-1]["throughput"]["alpha"] < SLOWER  # the slowdown was measured too
 
 

@@ -535,10 +535,11 @@ class OnlineRun:
         hours are the market hours between those two readings (``now`` for the current one;
         the slot's length where a time is missing): a decision that reads the work late (a
         delayed trigger, a state store retried) credits the slot with more time, not just
-        more work, so the next one is not read as a slowdown. Its effective hours lose the
-        reconfiguration overhead when what ran differs from the slot before. Skipped: a slot
-        with nothing recorded as applied, and one with a preemption, whose lost instances and
-        work rolled back to a checkpoint say nothing about H(n).
+        more work, so the next one is not read as a slowdown. Skipped: a slot with nothing
+        recorded as applied; one with a preemption, whose lost instances and work rolled back
+        to a checkpoint say nothing about H(n); and one that (re)starts workers, whose start
+        measures the reconfiguration overhead rather than H(n): a slow start (a loaded host, a
+        cold image) read as throughput sent the demo to on-demand for good.
         """
         job, pools = self.config.job, self.config.pools
         estimate = ThroughputEstimate(job.throughput)
@@ -546,10 +547,9 @@ class OnlineRun:
         previous, preemptions = Allocation.idle(len(pools)), 0
         for record, (end, read_at) in zip(self.records, ends):
             applied = allocation_from_dict(record.applied or {}, pools)
-            lost = job.reconfig_overhead_hours if applied.total and applied != previous else 0.0
             hours = job.slot_hours if read_at is None else self._market_hours(parse_timestamp(record.time), read_at)
-            if record.applied is not None and record.preemptions <= preemptions:
-                estimate.observe(applied.total, max(hours - lost, 0.0), max(end - record.work_done, 0.0))
+            if record.applied is not None and record.preemptions <= preemptions and applied == previous:
+                estimate.observe(applied.total, hours, max(end - record.work_done, 0.0))
             previous, preemptions = applied, record.preemptions
         return estimate
 

@@ -144,6 +144,6 @@ def simulate(
         results.append(result)
         if progress.done:
             break
-        if estimate is not None:
+        if estimate is not None and not result.reconfiguration:  # a start measures the overhead, not H(n)
             estimate.observe(allocation.total, result.effective_hours, result.progress)
     return SimulationResult(policy.label, job, market.pools, allocations, outcome(job, progress, results), timings, truth)
