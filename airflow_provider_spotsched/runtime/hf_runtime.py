@@ -37,7 +37,11 @@ def check_launch(config: TrainConfig, checkpoint_uri: str, env: Mapping[str, str
         raise ConfigError(f"runtime 'hf' checkpoints through the Trainer into a local (or mounted) directory, and "
                           f"the checkpoint URI is {checkpoint_uri!r}: give a path, or set runtime to 'loop' for "
                           "object-store checkpoints") from None
-    world = int(env.get("WORLD_SIZE") or 1)
+    try:
+        world = int(env.get("WORLD_SIZE") or 1)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={env.get('WORLD_SIZE')!r} is not a number of processes; the launcher sets it "
+                          "(unset it for one process)") from None
     if world > 1:
         raise ConfigError(f"runtime 'hf' runs one process per job, and this launch has WORLD_SIZE={world}: "
                           "set runtime to 'loop' for a multi-worker job, or max_instances to 1")
