@@ -18,17 +18,16 @@ from datasets import Dataset
 from airflow_provider_spotsched.runtime.config import BUILTIN_SFT, ConfigError, TrainConfig
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, EXIT_USAGE, Progress, read_progress
 from airflow_provider_spotsched.runtime.hf_data import (
-    IGNORE,
     SIMPLE_CHAT_TEMPLATE,
     ensure_chat_template,
-    labels,
     load_records,
     split_eval,
     tokenize,
     tokenize_messages,
 )
-from airflow_provider_spotsched.runtime.hf_runtime import check_launch, training_arguments
+from airflow_provider_spotsched.runtime.hf_runtime import build_trainer, check_launch, training_arguments
 from airflow_provider_spotsched.runtime.model import load_model_and_tokenizer
+from airflow_provider_spotsched.runtime.preemption import StopFlag
 from tests.runtime_support import environment, run_inline, when_progress
 
 CONVERSATION = [
@@ -38,6 +37,7 @@ CONVERSATION = [
     {"role": "user", "content": "What did she see?"},
     {"role": "assistant", "content": "A bear with calm eyes."},
 ]
+IGNORE = -100  # the label value the loss skips
 TINY_HF_JOB: dict[str, Any] = {"samples": 32, "batch_size": 8, "seq_len": 32, "lr": 0.002, "seed": 1,
                                "log_every_steps": 1, "checkpoint": {"min_interval_s": 0.2, "max_interval_s": 0.5}}
 
@@ -54,6 +54,11 @@ def tokenizer():
     _, tokenizer = load_model_and_tokenizer("builtin:tiny-gpt2")
     ensure_chat_template(tokenizer, None, builtin_model=True)
     return tokenizer
+
+
+def labels(example: dict[str, list[int]]) -> list[int]:
+    """The labels a completion mask means (TRL's reading of it): the ids where it is 1, -100 elsewhere."""
+    return [token if keep else IGNORE for token, keep in zip(example["input_ids"], example["completion_mask"])]
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
@@ -219,6 +224,21 @@ def test_what_this_machine_or_launch_cannot_run_is_refused_before_loading(raw, u
         pytest.skip("fp16 runs on a GPU")
     with pytest.raises(ConfigError, match=message):
         check_launch(TrainConfig.from_dict({"samples": 8, **raw}), uri, env)
+
+
+def test_a_separate_chat_eval_set_and_the_settings_reach_the_sft_trainer(tmp_path):
+    eval_file = write_jsonl(tmp_path / "eval.jsonl", [{"messages": CONVERSATION}] * 3)
+    config = TrainConfig.from_dict({"samples": 16, "batch_size": 4, "gradient_accumulation_steps": 2, "seq_len": 128,
+                                    "eval_dataset": str(eval_file), "gradient_checkpointing": True, "dtype": "bf16"})
+    trainer = build_trainer(config, str(tmp_path / "out"), StopFlag())
+    assert (len(trainer.train_dataset), len(trainer.eval_dataset)) == (300, 3)
+    assert trainer.processing_class.chat_template == SIMPLE_CHAT_TEMPLATE  # the builtin tokenizer got one
+    ids, mask = tokenize_messages(trainer.processing_class, CONVERSATION)
+    # what SFTTrainer trains on: its labels are exactly the mask's, -100 on every prompt token
+    assert trainer.eval_dataset[0] == {"input_ids": ids, "labels": labels({"input_ids": ids, "completion_mask": mask})}
+    args = trainer.args
+    assert (args.max_steps, args.gradient_accumulation_steps, args.bf16, args.activation_checkpointing) == (2, 2, True, True)
+    assert not any(type(callback).__name__ == "PrinterCallback" for callback in trainer.callback_handler.callbacks)
 
 
 def test_bf16_is_allowed_on_cpu():

@@ -16,8 +16,8 @@ Records come in three shapes, told apart by their columns:
 - ``text``: every token labelled (plain language modelling).
 
 Each record becomes ``input_ids`` plus a ``completion_mask`` (1 where the loss counts), the
-format TRL's ``SFTTrainer`` takes pre-tokenised; :func:`labels` gives the -100 view of it.
-Sequences are cut at ``seq_len`` tokens.
+format TRL's ``SFTTrainer`` takes pre-tokenised: it turns the mask into labels, -100 (ignored by
+the loss) where the mask is 0. Sequences are cut at ``seq_len`` tokens.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from fsspec.implementations.local import LocalFileSystem
 from airflow_provider_spotsched.runtime.config import BUILTIN_SFT, ConfigError
 from airflow_provider_spotsched.runtime.data import TEXT_DIR
 
-IGNORE = -100  # the label value the loss skips
 BUILTIN_SFT_PATH = TEXT_DIR / "sft.jsonl"
 # The chat template given to a tokenizer that has none (the builtin tiny one): a role marker line
 # per turn, the content, and EOS after an assistant turn so that the model learns to stop.
@@ -173,11 +172,6 @@ def tokenize(dataset: Dataset, tokenizer: Any, seq_len: int, source: str) -> Dat
         raise ConfigError(f"dataset {source!r}: no record has a token to learn within seq_len={seq_len} "
                           "(the prompts fill it): raise seq_len")
     return tokenized
-
-
-def labels(example: Mapping[str, Sequence[int]]) -> list[int]:
-    """The training labels of a tokenised record: its ids where the loss counts, -100 elsewhere."""
-    return [token if keep else IGNORE for token, keep in zip(example["input_ids"], example["completion_mask"])]
 
 
 def split_eval(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
