@@ -41,9 +41,10 @@ SMOOTHING_STEPS = 20  # window of the moving average the smoothed curve differen
 
 
 def demo_config(samples: int, mtbp_hours: float) -> dict[str, Any]:
-    """The CPU demo job: builtin tiny GPT-2, 64-token samples, 16 per step at any world size, Young/Daly."""
-    return {"samples": samples, "global_batch_size": 16, "batch_size": 8, "seq_len": 64, "lr": 3e-3, "seed": 0,
-            "log_every_steps": 1,
+    """The CPU demo job on the builtin loop (it alone runs several workers): builtin tiny GPT-2,
+    64-token samples, 16 per step at any world size, Young/Daly."""
+    return {"runtime": "loop", "samples": samples, "global_batch_size": 16, "batch_size": 8, "seq_len": 64, "lr": 3e-3,
+            "seed": 0, "log_every_steps": 1,
             "checkpoint": {"keep": 3, "min_interval_s": 10, "max_interval_s": 120, "mtbp_hours": mtbp_hours}}
 
 

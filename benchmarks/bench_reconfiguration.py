@@ -37,7 +37,8 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import Allocation, Job
 
 CONFIG = {  # the runtime's tiny job; far more samples than the benchmark will train
-    "samples": 1_000_000, "batch_size": 4, "seq_len": 32, "log_every_steps": 1,
+    # the builtin loop: it alone runs several workers (runtime "hf" is one process per job)
+    "runtime": "loop", "samples": 1_000_000, "batch_size": 4, "seq_len": 32, "log_every_steps": 1,
     "checkpoint": {"keep": 2, "min_interval_s": 1.0, "max_interval_s": 2.0},
 }
 # on-demand workers only: the market never caps them

@@ -7,10 +7,13 @@
   cheapest and loses all its capacity in slot 1, so the run is preempted there and moves on.
 - Backend: the local one (one worker process per instance, the embedded default: no
   connection to create); checkpoints under ``$AIRFLOW_HOME/spotsched/checkpoints``.
-- Training: the project's runtime (LoRA on a tiny GPT-2 built from scratch, synthetic stories)
-  for ``SAMPLES`` samples, paced at ``SAMPLES_PER_SECOND`` per worker so that it takes as many
-  market hours as the planning model says on any CPU (an instance of fixed speed); a preempted
-  worker saves an emergency checkpoint and the next one resumes from it.
+- Training: the project's default runtime (TRL ``SFTTrainer``, LoRA on a tiny GPT-2 built from
+  scratch, on the shipped prompt/response JSONL with the prompts masked out of the loss) for
+  ``SAMPLES`` samples, paced at ``SAMPLES_PER_SECOND`` per worker so that it takes as many market
+  hours as the planning model says on any CPU (an instance of fixed speed); a preempted worker
+  saves an emergency checkpoint and the next one resumes from it. A worker's start (importing
+  torch, transformers, TRL and datasets, building the model) takes about 10-15 s on a loaded
+  2-core machine, under the ``reconfig_overhead_hours`` of 0.75 (15 s) the plan allows.
 - Policy: the selector, which learns across runs in the Variable ``spotsched_selector_state``.
 
 The last task prints the run's summary from the operator's XCom.

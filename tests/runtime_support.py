@@ -16,10 +16,11 @@ from typing import Any
 
 from airflow_provider_spotsched.runtime.__main__ import main
 
-# A tiny job: 32-token samples, 8 per step at any world size in micro-batches of 4 (so one worker
+# A tiny job of the builtin loop (runtime "loop": multi-worker, divergence guard, object-store
+# checkpoints): 32-token samples, 8 per step at any world size in micro-batches of 4 (so one worker
 # accumulates two), 20 steps; checkpoints every 0.2-0.5 s of training.
 TINY_JOB: dict[str, Any] = {
-    "samples": 160, "global_batch_size": 8, "batch_size": 4, "seq_len": 32, "lr": 0.01, "seed": 3, "log_every_steps": 1,
+    "runtime": "loop", "samples": 160, "global_batch_size": 8, "batch_size": 4, "seq_len": 32, "lr": 0.01, "seed": 3, "log_every_steps": 1,
     "checkpoint": {"keep": 3, "min_interval_s": 0.2, "max_interval_s": 0.5},
 }
 

@@ -387,6 +387,7 @@ def test_end_to_end_the_real_runtime_is_preempted_resumes_and_finishes(make_harn
         seconds_per_slot=2.0,
         worker=RUNTIME,
         notice_seconds=600.0,
+        runtime="loop",  # two workers: the builtin loop (runtime "hf" is one process per job)
         samples=128,
         samples_per_second_per_worker=2.0,  # paced (32 s at two workers), so the drop at 20 s comes mid-training
         batch_size=4,

@@ -117,3 +117,16 @@ def test_templated_arguments_holding_jinja_are_left_for_the_task_to_check(tmp_pa
 def test_the_solver_operator_refuses_its_untemplated_arguments_when_the_dag_is_parsed(overrides, message):
     with pytest.raises(JobError, match=message):
         SpotAllocationSolverOperator(task_id="solve", market="gcp", **overrides)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"max_instances": 2}, r"^max_instances=2, but training_config's runtime 'hf' runs one process per job"),
+    ({"max_instances": 1, "checkpoint_uri": "memory://bucket/job"},
+     r"^checkpoint_uri='memory://bucket/job': training_config's runtime 'hf' checkpoints into a local"),
+])
+def test_a_job_the_default_runtime_cannot_run_is_refused_before_anything_launches(tmp_path, overrides, message):
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, command=None, training_config={"samples": 160}, **overrides)
+    with pytest.raises(JobError, match=message):
+        op.execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)

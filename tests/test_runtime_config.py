@@ -17,7 +17,7 @@ from airflow_provider_spotsched.runtime.train import lr_factor
 
 def test_a_minimal_config_takes_the_defaults():
     config = TrainConfig.from_dict({"samples": 1000})
-    assert config.model == "builtin:tiny-gpt2" and config.dataset == "builtin:synthetic-stories"
+    assert config.runtime == "hf" and config.model == "builtin:tiny-gpt2" and config.dataset == "builtin:sft"
     assert config.lora.r == 8 and config.checkpoint.keep == 3 and config.guard.max_rollbacks == 3
     assert TrainConfig.from_dict({"steps": 10, "batch_size": 4}).samples == 40
 
@@ -129,7 +129,7 @@ def test_max_step_seconds_splits_a_step_into_chunks_between_stop_checks(tmp_path
     from airflow_provider_spotsched.runtime.train import Trainer
 
     def trainer(**raw) -> Trainer:
-        return Trainer(TrainConfig.from_dict({"samples": 100, **raw}), str(tmp_path),
+        return Trainer(TrainConfig.from_dict({"runtime": "loop", "samples": 100, **raw}), str(tmp_path),
                        Workers(0, 1, torch.device("cpu"), 0.0), StopFlag())
 
     assert trainer(batch_size=8)._chunks_wanted(8) == 1

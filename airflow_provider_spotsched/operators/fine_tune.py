@@ -484,7 +484,25 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             return tuple(command)
         if self.training_config is None:
             raise JobError("give training_config (the runtime's CONFIG) or a training command")
+        self._check_runtime_fits(checkpoint_uri)
         return runtime_command(checkpoint_uri, sys.executable if self.backend == "local" else "python3")
+
+    def _check_runtime_fits(self, checkpoint_uri: str) -> None:
+        """The default runtime (hf) is one process with local checkpoints: refuse a job it cannot run
+        before any instance starts, rather than have every worker exit 2."""
+        from urllib.parse import urlparse
+
+        from airflow_provider_spotsched.runtime.config import TrainConfig
+
+        if TrainConfig.from_dict(self.training_config or {}).runtime != "hf":
+            return
+        most = as_count("max_instances", rendered_number("max_instances", self.max_instances, integer=True))
+        if most > 1:
+            raise JobError(f"max_instances={most}, but training_config's runtime 'hf' runs one process per job: "
+                           'set max_instances=1, or "runtime": "loop" in training_config for several workers')
+        if urlparse(checkpoint_uri).scheme not in ("", "file"):
+            raise JobError(f"checkpoint_uri={checkpoint_uri!r}: training_config's runtime 'hf' checkpoints into a local "
+                           'or mounted directory; give a path, or "runtime": "loop" in training_config')
 
     def _backend_spec(self) -> BackendSpec:
         """The backend and its options; a cloud pool defaults to the zone of its name."""

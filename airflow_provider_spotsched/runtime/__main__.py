@@ -1,9 +1,10 @@
 """``python -m airflow_provider_spotsched.runtime --config CONFIG.json --checkpoint-uri URI``.
 
-One process per instance. Exit codes (the contract with the backends, :mod:`.contract`): 0 the
-work is done and the final adapter is under ``URI/final/``; 75 stopped by SIGTERM or a preemption
-notice after an emergency checkpoint (restart to resume); 2 bad arguments or config; 1 any other
-failure. Every failure prints its reason on stderr.
+One process per instance; the config's ``runtime`` picks the trainer (``hf``, the default:
+:mod:`.hf_runtime`; ``loop``: :mod:`.train`). Exit codes (the contract with the backends,
+:mod:`.contract`): 0 the work is done and the final adapter is under ``URI/final/``; 75 stopped by
+SIGTERM or a preemption notice after an emergency checkpoint (restart to resume); 2 bad arguments
+or config; 1 any other failure. Every failure prints its reason on stderr.
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from airflow_provider_spotsched.runtime.contract import EXIT_FAILURE, EXIT_USAGE, PROGRESS_FILE
+
+if TYPE_CHECKING:
+    from airflow_provider_spotsched.runtime.config import TrainConfig
+    from airflow_provider_spotsched.runtime.preemption import NoticeSource, StopFlag
 
 NOTICE_POLL_S = 1.0
 
@@ -44,8 +50,32 @@ def quiet_libraries() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="peft")
+
+
+def run_hf(config: TrainConfig, checkpoint_uri: str, stop: StopFlag, notice: NoticeSource | None) -> int:
+    """The default runtime (:mod:`.hf_runtime`): SFTTrainer + LoRA under the spot contract."""
+    from airflow_provider_spotsched.runtime.config import ConfigError
+    from airflow_provider_spotsched.runtime.hf_runtime import check_launch, run
+
+    try:
+        check_launch(config, checkpoint_uri, os.environ)
+    except ConfigError as error:
+        print(f"spotsched-train: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return run(config, checkpoint_uri, stop, notice, NOTICE_POLL_S)
+    except ConfigError as error:  # found only once the data or tokenizer is read (a missing dataset, no template)
+        print(f"spotsched-train: {error}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except Exception as error:  # the contract: any failure is a non-0/75 code with its reason on stderr
+        print(f"spotsched-train: failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         configure_threads(config.threads)
         quiet_libraries()
+        if config.runtime == "hf":
+            return run_hf(config, args.checkpoint_uri, stop, notice)
         from airflow_provider_spotsched.runtime.distributed import join_workers
         from airflow_provider_spotsched.runtime.train import Trainer, warn
 

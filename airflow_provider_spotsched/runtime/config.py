@@ -2,7 +2,8 @@
 
 Work is counted in training samples consumed globally (the scheduling model's work units), so a
 job's progress does not depend on how many workers run it. ``steps`` is accepted instead of
-``samples`` as a shorthand for ``steps * batch_size`` (steps of a single worker).
+``samples`` as a shorthand for ``steps * batch_size * gradient_accumulation_steps`` (steps of a
+single worker).
 
 A step consumes ``batch_size`` samples per worker (the global batch grows with the world size),
 unless ``global_batch_size`` fixes it: then every step takes that many samples whatever the world
@@ -23,6 +24,14 @@ import fsspec
 
 BUILTIN_MODEL = "builtin:tiny-gpt2"
 BUILTIN_DATASET = "builtin:synthetic-stories"
+BUILTIN_SFT = "builtin:sft"  # the shipped prompt/response JSONL, the hf runtime's default data
+RUNTIMES = ("hf", "loop")
+DTYPES = ("fp32", "bf16", "fp16")
+# settings only one runtime implements: (field, its default) -> refused under the other one when changed
+HF_ONLY: dict[str, object] = {"dtype": "fp32", "gradient_checkpointing": False, "gradient_accumulation_steps": 1,
+           "eval_dataset": None, "eval_fraction": None, "eval_every_steps": None, "chat_template": None,
+           "storage_options": None}
+LOOP_ONLY: dict[str, object] = {"global_batch_size": None, "micro_batch_size": None, "max_step_seconds": None}
 
 
 class ConfigError(ValueError):
@@ -66,6 +75,23 @@ def _reject_unknown(raw: Mapping[str, Any], known: set[str], where: str) -> None
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"unknown field(s) {unknown} in {where}; known fields: {sorted(known)}")
+
+
+def _reject_other_runtime(raw: Mapping[str, Any], runtime: str) -> None:
+    """A setting the chosen runtime does not implement is an error, not a silent no-op."""
+    foreign = {"hf": LOOP_ONLY, "loop": HF_ONLY}[runtime]
+    other = "loop" if runtime == "hf" else "hf"
+    for name, default in foreign.items():
+        if raw.get(name, default) != default:
+            raise ConfigError(f"{name} is a setting of runtime {other!r}, and this config runs runtime {runtime!r}: "
+                              f"remove {name}, or set runtime to {other!r}")
+    if runtime == "hf":
+        if _section(raw, "guard"):
+            raise ConfigError("guard (divergence rollback) is a setting of runtime 'loop': a Trainer callback cannot "
+                              "rewind the data position; remove guard, or set runtime to 'loop'")
+        if _section(raw, "fault_injection").get("nan_loss_at_steps"):
+            raise ConfigError("fault_injection.nan_loss_at_steps drills the divergence guard of runtime 'loop': "
+                              "remove it, or set runtime to 'loop'")
 
 
 @dataclass(frozen=True)
@@ -174,8 +200,9 @@ class TrainConfig:
     """Everything one training job needs besides its checkpoint URI (see docs/runtime.md)."""
 
     samples: int
+    runtime: str = "hf"
     model: str = BUILTIN_MODEL
-    dataset: str = BUILTIN_DATASET
+    dataset: str = BUILTIN_SFT  # BUILTIN_DATASET (plain text) under the loop
     batch_size: int = 8  # per worker: samples per step, or per micro-batch with global_batch_size
     global_batch_size: int | None = None  # fixed samples per step at any world size (elastic-invariant)
     micro_batch_size: int | None = None  # gradient-accumulation chunk; None = batch_size
@@ -191,6 +218,15 @@ class TrainConfig:
     # Emulates an instance of fixed speed: at most this many samples per second per worker. The
     # demo uses it so that its replayed market clock and its planning model hold on any CPU.
     samples_per_second_per_worker: float | None = None
+    # the hf runtime's data and precision (see docs/runtime.md, "The default runtime")
+    dtype: str = "fp32"  # bf16 also on CPU (torch autocast); fp16 only on a GPU
+    gradient_checkpointing: bool = False
+    gradient_accumulation_steps: int = 1  # micro-batches of batch_size per optimizer step
+    eval_dataset: str | None = None  # a separate eval set, in any format the dataset may have
+    eval_fraction: float | None = None  # or this share of the dataset held out (seeded)
+    eval_every_steps: int | None = None  # evaluate every N steps (and at the last); None = at the last only
+    chat_template: str | None = None  # Jinja template for a "messages" column; None = the tokenizer's
+    storage_options: Mapping[str, Any] | None = None  # fsspec options for s3:// or gs:// datasets
     lora: LoraSettings = field(default_factory=LoraSettings)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
@@ -201,15 +237,39 @@ class TrainConfig:
         if not isinstance(raw, Mapping):
             raise ConfigError(f"the config must be a JSON object, got {type(raw).__name__}")
         _reject_unknown(raw, {f.name for f in fields(cls)} | {"steps"}, "the config")
+        runtime = raw.get("runtime", "hf")
+        if runtime not in RUNTIMES:
+            raise ConfigError(f"runtime must be one of {list(RUNTIMES)}, got {runtime!r}")
         batch_size = _number(raw, "batch_size", 8, minimum=1, integer=True)
+        accumulation = _number(raw, "gradient_accumulation_steps", 1, minimum=1, integer=True)
         if ("samples" in raw) == ("steps" in raw):
-            raise ConfigError("give exactly one of samples (total training samples, the job's work) "
-                              "or steps (optimizer steps of one worker: samples = steps * batch_size)")
+            raise ConfigError("give exactly one of samples (total training samples, the job's work) or steps "
+                              "(optimizer steps of one worker: samples = steps * batch_size * gradient_accumulation_steps)")
         samples = (_number(raw, "samples", None, minimum=1, integer=True, required=True) if "samples" in raw
-                   else _number(raw, "steps", None, minimum=1, integer=True, required=True) * batch_size)
-        for name in ("model", "dataset"):
-            if name in raw and (not isinstance(raw[name], str) or not raw[name]):
+                   else _number(raw, "steps", None, minimum=1, integer=True, required=True) * batch_size * accumulation)
+        for name in ("model", "dataset", "eval_dataset", "chat_template"):
+            optional = name in ("eval_dataset", "chat_template") and raw.get(name) is None
+            if name in raw and not optional and (not isinstance(raw[name], str) or not raw[name]):
                 raise ConfigError(f"{name} must be a non-empty string, got {raw[name]!r}")
+        dtype = raw.get("dtype", "fp32")
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+        checkpointing = raw.get("gradient_checkpointing", False)
+        if not isinstance(checkpointing, bool):
+            raise ConfigError(f"gradient_checkpointing must be true or false, got {checkpointing!r}")
+        eval_fraction = _number(raw, "eval_fraction", None, minimum=0.0, strict_minimum=True)
+        if eval_fraction is not None and eval_fraction >= 1:
+            raise ConfigError(f"eval_fraction must be < 1 (the share of the dataset held out), got {eval_fraction!r}")
+        if eval_fraction is not None and raw.get("eval_dataset") is not None:
+            raise ConfigError("give eval_dataset (a separate eval set) or eval_fraction (a share of dataset held out), "
+                              "not both")
+        eval_every = _number(raw, "eval_every_steps", None, minimum=1, integer=True)
+        if eval_every is not None and eval_fraction is None and raw.get("eval_dataset") is None:
+            raise ConfigError("eval_every_steps needs an eval split: set eval_dataset or eval_fraction")
+        storage_options = raw.get("storage_options")
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ConfigError(f"storage_options must be a JSON object of fsspec options (e.g. "
+                              f'{{"anon": true}}), got {storage_options!r}')
         global_batch = _number(raw, "global_batch_size", None, minimum=1, integer=True)
         micro = _number(raw, "micro_batch_size", None, minimum=1, integer=True)
         if micro is not None and micro > batch_size:
@@ -217,10 +277,11 @@ class TrainConfig:
         warmup = _number(raw, "warmup_fraction", 0.05, minimum=0.0)
         if warmup >= 1:
             raise ConfigError(f"warmup_fraction must be < 1, got {warmup!r}")
-        return cls(
+        config = cls(
             samples=samples,
+            runtime=runtime,
             model=raw.get("model", BUILTIN_MODEL),
-            dataset=raw.get("dataset", BUILTIN_DATASET),
+            dataset=raw.get("dataset", BUILTIN_SFT if runtime == "hf" else BUILTIN_DATASET),
             batch_size=batch_size,
             global_batch_size=global_batch,
             micro_batch_size=micro,
@@ -236,11 +297,21 @@ class TrainConfig:
             samples_per_second_per_worker=_number(
                 raw, "samples_per_second_per_worker", None, minimum=0.0, strict_minimum=True
             ),
+            dtype=dtype,
+            gradient_checkpointing=checkpointing,
+            gradient_accumulation_steps=accumulation,
+            eval_dataset=raw.get("eval_dataset"),
+            eval_fraction=eval_fraction,
+            eval_every_steps=eval_every,
+            chat_template=raw.get("chat_template"),
+            storage_options=dict(storage_options) if storage_options is not None else None,
             lora=LoraSettings.from_dict(_section(raw, "lora")),
             checkpoint=CheckpointSettings.from_dict(_section(raw, "checkpoint")),
             guard=GuardSettings.from_dict(_section(raw, "guard")),
             fault_injection=FaultInjection.from_dict(_section(raw, "fault_injection")),
         )
+        _reject_other_runtime(raw, runtime)  # after the values: a bad value is named as such first
+        return config
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:

@@ -37,7 +37,9 @@ class Progress:
 
     ``samples_done`` is the checkpointed work in the scheduling model's units (training samples);
     ``status`` is ``running``, ``preempted`` or ``done`` (empty before the first write, or when
-    the command does not say); ``updated`` is the UTC time of the write (ISO-8601, ``Z``).
+    the command does not say); ``updated`` is the UTC time of the write (ISO-8601, ``Z``);
+    ``eval_loss`` is the latest loss on the job's eval split (None without one, and in files
+    written before it existed).
     """
 
     samples_done: float = 0
@@ -49,16 +51,18 @@ class Progress:
     checkpoint: str | None = None
     status: str = ""
     updated: str = ""
+    eval_loss: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def training_report(self) -> dict[str, Any] | None:
-        """What the UI shows of training (loss, measured samples/s, step, world size); ``None`` before any."""
+        """What the UI shows of training (loss, eval loss if any, measured samples/s, step, world size); ``None`` before any."""
         if not self.updated:
             return None
-        return {"loss": self.loss, "samples_per_second": self.samples_per_second, "step": self.step,
-                "world_size": self.world_size, "updated": self.updated}
+        report = {"loss": self.loss, "samples_per_second": self.samples_per_second, "step": self.step,
+                  "world_size": self.world_size, "updated": self.updated}
+        return report if self.eval_loss is None else {**report, "eval_loss": self.eval_loss}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Progress:

@@ -11,7 +11,8 @@ the checkpoint URI; during training the callback
 - asks for periodic saves on the Young/Daly interval (:mod:`.interval`), and for one at the last step;
 - after every save writes the checkpoint's checksum manifest and prunes to the K newest valid
   checkpoints (:mod:`.hf_checkpoints`), then ``progress.json`` (:mod:`.contract`);
-- prints one JSON line per event (``resumed``, ``log``, ``stop``, ``checkpoint``, ``done``).
+- prints one JSON line per event (``resumed``, ``log``, ``eval``, ``stop``, ``checkpoint``, ``done``);
+  the latest eval loss, when the Trainer has an eval set, goes into ``progress.json`` as ``eval_loss``.
 
 At the end it exports the adapter to ``URI/final/`` and reports ``done`` (exit 0). Divergence
 rollback (:mod:`.guard`) is not part of it: rolling back inside ``Trainer.train`` needs the
@@ -33,7 +34,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from airflow_provider_spotsched.runtime.checkpoint import utc_now
 from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError
-from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, Progress, write_progress
+from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, Progress, read_progress, write_progress
 from airflow_provider_spotsched.runtime.hf_checkpoints import (
     checkpoint_step,
     latest_valid,
@@ -68,7 +69,8 @@ class SpotCallback(TrainerCallback):
 
     def __init__(self, checkpoint_uri: str, checkpoint: CheckpointSettings | None = None,
                  notice: NoticeSource | None = None, notice_poll_s: float = DEFAULT_POLL_S,
-                 emit: Callable[..., None] | None = None) -> None:
+                 emit: Callable[..., None] | None = None, stop: StopFlag | None = None) -> None:
+        """``stop``: a flag the caller's own SIGTERM handler already sets (a stop during start-up counts)."""
         if notice_poll_s <= 0:
             raise ValueError(f"notice_poll_s must be > 0, got {notice_poll_s!r}")
         self.root = local_directory(checkpoint_uri)
@@ -77,11 +79,12 @@ class SpotCallback(TrainerCallback):
         self.interval = CheckpointInterval(self.settings)
         self.notice, self.notice_poll_s = notice, notice_poll_s
         self.emit = emit or Emitter(True)
-        self.stop = StopFlag()
+        self.stop = stop or StopFlag()
         self.preempted = False
         self.keep = self.settings.keep
         self.checkpointed_step = 0
         self.loss: float | None = None
+        self.eval_loss: float | None = None  # the latest loss on the Trainer's eval_dataset, when it has one
         self._watcher: NoticeWatcher | None = None
         self._restore_sigterm: Callable[[], None] | None = None
         self._last_save = self._last_step_end = time.monotonic()
@@ -203,6 +206,12 @@ class SpotCallback(TrainerCallback):
             self.loss = float(logs["loss"])
             self.emit("log", step=state.global_step, loss=self.loss)
 
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if metrics and "eval_loss" in metrics:
+            self.eval_loss = float(metrics["eval_loss"])
+            self.emit("eval", step=state.global_step, eval_loss=self.eval_loss)
+
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         self.close()
@@ -233,7 +242,7 @@ class SpotCallback(TrainerCallback):
                 samples_total=state.max_steps * self._global_batch, step=self.checkpointed_step, loss=self.loss,
                 samples_per_second=round(self.samples_per_second, 3), world_size=args.world_size,
                 checkpoint=f"checkpoint-{self.checkpointed_step}" if self.checkpointed_step else None,
-                status=status, updated=utc_now()))
+                status=status, updated=utc_now(), eval_loss=self.eval_loss))
         except Exception as error:  # storage errors share no base class; the next write replaces it
             warn(f"progress not written ({type(error).__name__}: {error}); the next write replaces it")
 
@@ -246,8 +255,13 @@ class SpotCallback(TrainerCallback):
         trainer.args.output_dir = str(self.output_dir)
         trainer.add_callback(self)
         leader = trainer.is_world_process_zero()
+        resume = self.resume_checkpoint(leader)
+        if resume is not None and self.already_done(trainer.args.max_steps):
+            self.emit("done", step=self.checkpointed_step, loss=read_progress(self.checkpoint_uri).loss,
+                      final=str(self.root / FINAL))
+            return EXIT_DONE
         try:
-            trainer.train(resume_from_checkpoint=self.resume_checkpoint(leader))
+            trainer.train(resume_from_checkpoint=resume)
         finally:
             self.close()
         if self.preempted:
@@ -257,6 +271,13 @@ class SpotCallback(TrainerCallback):
         self.write_progress(trainer.args, trainer.state, "done")
         self.emit("done", step=trainer.state.global_step, loss=self.loss, final=str(self.root / FINAL))
         return EXIT_DONE
+
+
+    def already_done(self, max_steps: int) -> bool:
+        """Whether a finished job was started again (its last step checkpointed, the model exported, progress
+        done): ``Trainer.train`` resumed at ``max_steps`` would train one step more, so it is not called."""
+        return (0 < max_steps <= self.checkpointed_step and (self.root / FINAL).is_dir()
+                and read_progress(self.checkpoint_uri).status == "done")
 
 
 def global_batch(args: TrainingArguments) -> int:

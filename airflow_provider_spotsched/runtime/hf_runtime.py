@@ -1,0 +1,150 @@
+"""The default runtime: a CONFIG.json job as TRL ``SFTTrainer`` + peft LoRA under the spot contract.
+
+``spotsched-train --config CONFIG`` with ``runtime: hf`` (the default) builds the model (LoRA on
+the builtin tiny GPT-2 unless ``model`` says otherwise), tokenises the data with the loss on the
+answers only (:mod:`.hf_data`), and trains with ``SFTTrainer`` through :class:`.hf_callback.SpotCallback`
+(notices, emergency checkpoint, Young/Daly saves, checksummed ``checkpoint-N/``, ``progress.json``,
+exit 0/75). One process: a job launched with ``WORLD_SIZE`` > 1 is refused (``runtime: loop``
+runs multi-worker jobs).
+
+``dtype`` is the compute precision of mixed-precision training (the Trainer's ``bf16``/``fp16``
+autocast; the weights and the adapter stay fp32): bf16 runs on a GPU that supports it and on
+CPU (torch's CPU autocast), fp16 only on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers import PrinterCallback, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from airflow_provider_spotsched.runtime.config import BUILTIN_MODEL, ConfigError, TrainConfig
+from airflow_provider_spotsched.runtime.hf_callback import SpotCallback, local_directory
+from airflow_provider_spotsched.runtime.hf_data import ensure_chat_template, load_records, record_format, split_eval, tokenize
+from airflow_provider_spotsched.runtime.model import load_model_and_tokenizer, wrap_lora
+from airflow_provider_spotsched.runtime.preemption import NoticeSource, StopFlag
+
+
+def check_launch(config: TrainConfig, checkpoint_uri: str, env: Mapping[str, str]) -> None:
+    """Refuse what this machine or launch cannot run, naming the field (before seconds of model loading)."""
+    try:
+        local_directory(checkpoint_uri)
+    except ValueError:
+        raise ConfigError(f"runtime 'hf' checkpoints through the Trainer into a local (or mounted) directory, and "
+                          f"the checkpoint URI is {checkpoint_uri!r}: give a path, or set runtime to 'loop' for "
+                          "object-store checkpoints") from None
+    try:
+        world = int(env.get("WORLD_SIZE") or 1)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={env.get('WORLD_SIZE')!r} is not a number of processes; the launcher sets it "
+                          "(unset it for one process)") from None
+    if world > 1:
+        raise ConfigError(f"runtime 'hf' runs one process per job, and this launch has WORLD_SIZE={world}: "
+                          "set runtime to 'loop' for a multi-worker job, or max_instances to 1")
+    cuda = torch.cuda.is_available()
+    if config.dtype == "fp16" and not cuda:
+        raise ConfigError("dtype 'fp16' needs a GPU (there is no CUDA device here): use dtype 'bf16' or 'fp32' on CPU")
+    if config.dtype == "bf16" and cuda and not torch.cuda.is_bf16_supported():
+        raise ConfigError("dtype 'bf16' is not supported by this GPU: use dtype 'fp16' or 'fp32'")
+
+
+def samples_per_step(config: TrainConfig) -> int:
+    """Samples one optimizer step consumes (one process)."""
+    return config.batch_size * config.gradient_accumulation_steps
+
+
+def training_arguments(config: TrainConfig, output_dir: str, has_eval: bool) -> Any:
+    """The ``SFTConfig`` of a job: every setting explicit, TRL's defaults (e.g. checkpointing on) not relied on."""
+    from trl import SFTConfig
+
+    max_steps = math.ceil(config.samples / samples_per_step(config))
+    eval_every = config.eval_every_steps if has_eval else None
+    return SFTConfig(
+        output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=config.batch_size,
+        per_device_eval_batch_size=config.batch_size, gradient_accumulation_steps=config.gradient_accumulation_steps,
+        learning_rate=config.lr, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+        lr_scheduler_type="linear", warmup_steps=round(config.warmup_fraction * max_steps),
+        seed=config.seed, data_seed=config.seed, logging_steps=config.log_every_steps,
+        save_strategy="no",  # SpotCallback decides every save (Young/Daly, notices, the last step)
+        eval_strategy="steps" if eval_every else "no", eval_steps=eval_every,
+        bf16=config.dtype == "bf16", fp16=config.dtype == "fp16",
+        # transformers 5 calls gradient checkpointing activation checkpointing; non-reentrant works with a frozen base
+        activation_checkpointing=config.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+        use_cpu=not torch.cuda.is_available(), report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+        max_length=config.seq_len, packing=False, completion_only_loss=True,
+    )
+
+
+class Pacing(TrainerCallback):
+    """Holds the job to ``samples_per_second_per_worker`` (an instance of fixed speed, for the demo) and
+    sleeps ``fault_injection.step_sleep_s`` per step; both waits end at once on a stop."""
+
+    def __init__(self, config: TrainConfig, stop: StopFlag) -> None:
+        self.rate = config.samples_per_second_per_worker
+        self.step_sleep_s = config.fault_injection.step_sleep_s
+        self.per_step = samples_per_step(config)
+        self.stop = stop
+        self._start = time.monotonic()
+        self._first_step = 0
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        self._start, self._first_step = time.monotonic(), state.global_step
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        if self.step_sleep_s:
+            self.stop.wait(self.step_sleep_s)
+        if self.rate:
+            due = (state.global_step - self._first_step) * self.per_step / self.rate
+            ahead = due - (time.monotonic() - self._start)
+            if ahead > 0:
+                self.stop.wait(ahead)
+
+
+class EvaluateAtEnd(TrainerCallback):
+    """An eval at the last step, so that the final ``progress.json`` carries the finished model's eval loss."""
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        if state.global_step >= state.max_steps:
+            control.should_evaluate = True
+        return control
+
+
+def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
+    """The ``SFTTrainer`` of a job: model with LoRA, tokenised train (and eval) data, the runtime's callbacks."""
+    from trl import SFTTrainer
+
+    torch.manual_seed(config.seed)  # the LoRA initialisation
+    base, tokenizer = load_model_and_tokenizer(config.model)
+    records = load_records(config.dataset, config.storage_options)
+    evaluation = load_records(config.eval_dataset, config.storage_options) if config.eval_dataset else None
+    if config.eval_fraction is not None:
+        records, evaluation = split_eval(records, config.eval_fraction, config.seed)
+    kinds = {record_format(part.column_names, config.dataset) for part in (records, evaluation) if part is not None}
+    if config.chat_template is not None or "messages" in kinds:
+        ensure_chat_template(tokenizer, config.chat_template, config.model == BUILTIN_MODEL)
+    train = tokenize(records, tokenizer, config.seq_len, config.dataset)
+    held_out = tokenize(evaluation, tokenizer, config.seq_len, config.eval_dataset or config.dataset) \
+        if evaluation is not None else None
+    model = wrap_lora(base, config.lora, config.model)
+    callbacks: list[TrainerCallback] = [Pacing(config, stop)]
+    if held_out is not None:
+        callbacks.append(EvaluateAtEnd())
+    trainer = SFTTrainer(model=model, args=training_arguments(config, output_dir, held_out is not None),
+                         train_dataset=train, eval_dataset=held_out, processing_class=tokenizer, callbacks=callbacks)
+    trainer.remove_callback(PrinterCallback)  # its Python-dict lines would break the JSON-lines stdout
+    return trainer
+
+
+def run(config: TrainConfig, checkpoint_uri: str, stop: StopFlag, notice: NoticeSource | None,
+        notice_poll_s: float) -> int:
+    """Train the job to the end (0) or to a stop (75); raises on failure."""
+    spot = SpotCallback(checkpoint_uri, config.checkpoint, notice, notice_poll_s, stop=stop)
+    return spot.train(build_trainer(config, str(spot.output_dir), stop))
