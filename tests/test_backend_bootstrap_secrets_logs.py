@@ -35,10 +35,7 @@ ACCESS_TOKEN = "ya29.instance-access-token"
 INSTANCE = "ss-job-g1-p0-0"
 
 # A training command: keeps the token it got (a file of the test's), writes a log line, exits with $RC.
-WORKER = (
-    'echo "${HF_TOKEN:-none}" > "$OUT/got-token"; '
-    'echo "step 1 loss 2.5"; echo "Traceback: CUDA out of memory" >&2; exit "$RC"'
-)
+WORKER = 'echo "${HF_TOKEN:-none}" > "$OUT/got-token"; echo "step 1 loss 2.5"; echo "Traceback: CUDA out of memory" >&2; exit "$RC"'
 
 
 @pytest.fixture
@@ -51,8 +48,11 @@ def gcp() -> Iterator[tuple[dict[str, str], str]]:
             status, body = 404, "not found"
             if self.path.startswith("/computeMetadata/v1/instance/") and self.headers.get("Metadata-Flavor") == "Google":
                 key = self.path.removeprefix("/computeMetadata/v1/instance/")
-                values = {"name": INSTANCE, "zone": "projects/1/zones/us-central1-a",
-                          "service-accounts/default/token": json.dumps({"access_token": ACCESS_TOKEN})}
+                values = {
+                    "name": INSTANCE,
+                    "zone": "projects/1/zones/us-central1-a",
+                    "service-accounts/default/token": json.dumps({"access_token": ACCESS_TOKEN}),
+                }
                 value = values.get(key) or attributes.get(key.removeprefix("attributes/spotsched-"))
                 status, body = (200, value) if value is not None else (404, "not found")
             elif self.path == f"/v1/{GCP_SECRET}:access":
@@ -95,9 +95,13 @@ def run_script(tmp_path: Path, job: TrainingJob, provider: str) -> subprocess.Co
 
 def job_env(tmp_path: Path, bin_dir: Path, url: str, rc: int, **extra: str) -> dict[str, str]:
     return {
-        "OUT": str(tmp_path), "RC": str(rc),
-        "SPOTSCHED_METADATA_URL": url, "SPOTSCHED_LOG": str(tmp_path / "train.log"),
-        "SPOTSCHED_POWEROFF": f"touch {tmp_path}/powered-off", "PATH": f"{bin_dir}:/usr/bin:/bin", **extra,
+        "OUT": str(tmp_path),
+        "RC": str(rc),
+        "SPOTSCHED_METADATA_URL": url,
+        "SPOTSCHED_LOG": str(tmp_path / "train.log"),
+        "SPOTSCHED_POWEROFF": f"touch {tmp_path}/powered-off",
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        **extra,
     }
 
 
@@ -199,8 +203,11 @@ def test_aws_reads_the_token_from_secrets_manager_in_the_secrets_region(tmp_path
             self._answer("imds-token")
 
         def do_GET(self) -> None:
-            values = {"instance-id": "i-0abc", "placement/region": "eu-west-1",
-                      **{f"tags/instance/spotsched:{k}": v for k, v in (("generation", "1"), ("rank", "0"), ("world-size", "1"))}}
+            values = {
+                "instance-id": "i-0abc",
+                "placement/region": "eu-west-1",
+                **{f"tags/instance/spotsched:{k}": v for k, v in (("generation", "1"), ("rank", "0"), ("world-size", "1"))},
+            }
             self._answer(values.get(self.path.removeprefix("/latest/meta-data/")))
 
         def _answer(self, value: str | None) -> None:
@@ -216,8 +223,13 @@ def test_aws_reads_the_token_from_secrets_manager_in_the_secrets_region(tmp_path
     server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        env = job_env(tmp_path, bin_dir, f"http://127.0.0.1:{server.server_port}", 0,
-                      **{HF_TOKEN_SECRET: aws_secret, **{k: v for k, v in FAKE_CREDENTIALS.items() if k == "AWS_DEFAULT_REGION"}})
+        env = job_env(
+            tmp_path,
+            bin_dir,
+            f"http://127.0.0.1:{server.server_port}",
+            0,
+            **{HF_TOKEN_SECRET: aws_secret, **{k: v for k, v in FAKE_CREDENTIALS.items() if k == "AWS_DEFAULT_REGION"}},
+        )
         job = TrainingJob("job-1", ("bash", "-c", WORKER), "s3://bucket/ckpt", ("eu-west-1a",), env=env)
         assert TOKEN not in startup_script(job, "aws")
         result = run_script(tmp_path, job, "aws")

@@ -117,3 +117,11 @@ def test_templated_arguments_holding_jinja_are_left_for_the_task_to_check(tmp_pa
 def test_the_solver_operator_refuses_its_untemplated_arguments_when_the_dag_is_parsed(overrides, message):
     with pytest.raises(JobError, match=message):
         SpotAllocationSolverOperator(task_id="solve", market="gcp", **overrides)
+
+
+def test_a_hugging_face_token_secret_on_the_local_backend_is_refused_before_anything_launches(tmp_path):
+    """The secret is read on cloud instances with their identity; locally there is no such identity."""
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=r"^hf_token_secret is read on cloud instances \(ec2, gce\), not with backend='local'"):
+        operator(tmp_path, hf_token_secret="projects/p/secrets/hf/versions/latest").execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
