@@ -11,10 +11,10 @@ import re
 import sys
 from pathlib import Path
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10: pip install tomli
+    import tomli as tomllib
 
 
 def requirements(pyproject: Path, extra: str = "runtime") -> list[str]:

@@ -82,11 +82,6 @@ imds() {
 }
 rendezvous() { imds "tags/instance/spotsched:$1"; }
 instance_name() { imds instance-id; }
-read_secret() {
-  local region
-  region=$(echo "$1" | cut -d: -f4)
-  aws secretsmanager get-secret-value --region "$region" --secret-id "$1" --query SecretString --output text
-}
 report() {
   upload_log
   aws ec2 create-tags --region "$(imds placement/region)" --resources "$(imds instance-id)" \
@@ -99,12 +94,6 @@ MD=${SPOTSCHED_METADATA_URL:-http://metadata.google.internal}
 md() { curl -sf -H "Metadata-Flavor: Google" "$MD/computeMetadata/v1/instance/$1"; }
 rendezvous() { md "attributes/spotsched-$1"; }
 instance_name() { md name; }
-read_secret() {
-  local token
-  token=$(md service-accounts/default/token | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') || return 1
-  curl -sf -H "Authorization: Bearer $token" "${SPOTSCHED_SM_ENDPOINT:-https://secretmanager.googleapis.com}/v1/$1:access" \
-    | python3 -c 'import base64,json,sys; sys.stdout.write(base64.b64decode(json.load(sys.stdin)["payload"]["data"]).decode())'
-}
 report() {
   upload_log
   local zone
@@ -113,6 +102,25 @@ report() {
     || echo "spotsched: could not label the result $1" >&2
 }
 """
+
+_READ_SECRET = {
+    "aws": r"""
+read_secret() {
+  local region
+  region=$(echo "$1" | cut -d: -f4)
+  aws secretsmanager get-secret-value --region "$region" --secret-id "$1" --query SecretString --output text
+}
+""",
+    "gcp": r"""
+read_secret() {
+  local token
+  token=$(md service-accounts/default/token | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') || return 1
+  curl -sf -H "Authorization: Bearer $token" "${SPOTSCHED_SM_ENDPOINT:-https://secretmanager.googleapis.com}/v1/$1:access" \
+    | python3 -c 'import base64,json,sys; sys.stdout.write(base64.b64decode(json.load(sys.stdin)["payload"]["data"]).decode())'
+}
+""",
+}
+"""``read_secret REFERENCE``: the secret's value on stdout, read with the instance's identity."""
 
 _SECRETS = r"""
 # The token goes to the command's environment only; the script never exports or prints it.
@@ -232,7 +240,7 @@ def startup_script(job: TrainingJob, provider: Provider, *, poll_seconds: int = 
         f"{exports}\n"
         f"COMMAND=({command})\n"
         + (_AWS_FUNCTIONS if provider == "aws" else _GCP_FUNCTIONS)
-        + (_SECRETS.replace("__EXIT_NO_SECRET__", str(EXIT_NO_SECRET)) if secret else "")
+        + (_READ_SECRET[provider] + _SECRETS.replace("__EXIT_NO_SECRET__", str(EXIT_NO_SECRET)) if secret else "")
         + _LOG_UPLOAD.replace("__LOGS_URI__", logs_uri).replace("__LOG_FILE__", LOG_FILE)
         + loop
     )
