@@ -24,6 +24,7 @@ from airflow_provider_spotsched.backends.base import (
     InsufficientCapacityError,
     TrainingJob,
 )
+from airflow_provider_spotsched.backends.bootstrap import HF_TOKEN_SECRET
 from airflow_provider_spotsched.backends.ec2 import Ec2Backend, Ec2Placement
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.scheduling.model import Allocation
@@ -196,6 +197,18 @@ def test_user_data_carries_no_credential(client, ec2, job):
             assert name not in script and f"={value}" not in script
     assert not re.search(r"(AKIA|ASIA)[0-9A-Z]{16}|aws_secret|secret_access|session_token|password", script, re.I)
     assert not re.search(r"\bconn(ection)?_id\b|login|extra", script, re.I)
+
+
+def test_user_data_names_the_hugging_face_token_secret_and_holds_no_credential(client, ec2, job):
+    arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-token-AbCdEf"
+    with_secret = TrainingJob(job.job_id, job.command, job.checkpoint_uri, POOLS, env={HF_TOKEN_SECRET: arn})
+    make_backend(client).reconcile(with_secret, Allocation((1, 0), 0))
+    script = user_data_of(ec2, next(iter(live(ec2, with_secret))))
+    assert f"export {HF_TOKEN_SECRET}={arn}" in script and "COMMAND=(with_hf_token spotsched-train" in script
+    assert "LOGS_URI=s3://bucket/job/ckpt/logs" in script
+    for name, value in FAKE_CREDENTIALS.items():
+        if name != "AWS_DEFAULT_REGION":
+            assert name not in script and f"={value}" not in script
 
 
 def test_a_credential_in_the_job_env_is_refused_before_anything_launches(client, ec2, job):

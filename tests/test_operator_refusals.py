@@ -129,4 +129,11 @@ def test_a_job_the_default_runtime_cannot_run_is_refused_before_anything_launche
     op = operator(tmp_path, command=None, training_config={"samples": 160}, **overrides)
     with pytest.raises(JobError, match=message):
         op.execute(context)
+
+
+def test_a_hugging_face_token_secret_on_the_local_backend_is_refused_before_anything_launches(tmp_path):
+    """The secret is read on cloud instances with their identity; locally there is no such identity."""
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=r"^hf_token_secret is read on cloud instances \(ec2, gce\), not with backend='local'"):
+        operator(tmp_path, hf_token_secret="projects/p/secrets/hf/versions/latest").execute(context)
     assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)

@@ -21,6 +21,22 @@ powers off; ``SPOTSCHED_METADATA_URL`` changes the metadata server (as for the r
 
 The script carries no credential: the instance reaches its checkpoint store and reports its
 result with the identity the cloud gives it (an instance profile or a service account).
+
+Two sections stand apart from the loop:
+
+- **secrets**: ``SPOTSCHED_HF_TOKEN_SECRET`` in ``job.env`` names a secret (an AWS Secrets Manager
+  ARN, or a GCP Secret Manager version ``projects/P/secrets/S/versions/V``), never holds one. The
+  script reads it on the instance with the instance's own identity (the AWS CLI through the
+  instance profile; Secret Manager's REST API with the metadata server's access token) each time
+  it starts the command, and hands it as ``HF_TOKEN`` to that command only: it is never exported
+  to the script, written to the log or sent anywhere else. A secret that cannot be read fails the
+  command with :data:`EXIT_NO_SECRET` and a line in the log that names the secret, not its value.
+- **logs**: the command's log is copied to ``<checkpoint_uri>/logs/<instance>/train.log``
+  (:func:`~airflow_provider_spotsched.runtime.contract.log_uri`) every
+  ``SPOTSCHED_LOG_UPLOAD_SECONDS`` (default 30), before the result is reported, and when the
+  script exits (a TERM at preemption or shutdown included), so a lost instance leaves its log.
+  ``s3://`` goes through ``aws s3 cp``, ``gs://`` through ``gcloud storage cp``, a local path
+  through ``cp``. ``SPOTSCHED_SM_ENDPOINT`` changes the Secret Manager endpoint (tests; a name the credential check lets through).
 """
 
 from __future__ import annotations
@@ -31,7 +47,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
-from airflow_provider_spotsched.runtime.contract import EXIT_PREEMPTED
+from airflow_provider_spotsched.runtime.contract import EXIT_PREEMPTED, LOG_FILE, LOGS_DIR
 
 Provider = Literal["aws", "gcp"]
 
@@ -45,6 +61,18 @@ MAX_SCRIPT_BYTES = 16 * 1024
 _SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY)", re.I)
 _SECRET_VALUE = re.compile(r"(AKIA|ASIA)[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----|\"private_key\"")
 
+HF_TOKEN_SECRET = "SPOTSCHED_HF_TOKEN_SECRET"
+"""The ``job.env`` name of the Hugging Face token's secret reference (see the module docstring)."""
+
+EXIT_NO_SECRET = 78
+"""EX_CONFIG: the command did not start because its secret could not be read on the instance."""
+
+SECRET_REFERENCES = {
+    "aws": re.compile(r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@!-]+"),
+    "gcp": re.compile(r"projects/[^/\s]+/secrets/[A-Za-z0-9_-]+/versions/[A-Za-z0-9_-]+"),
+}
+"""What a secret reference looks like on each cloud: the only secret-named entry ``job.env`` may hold."""
+
 _AWS_FUNCTIONS = r"""
 IMDS=${SPOTSCHED_METADATA_URL:-http://169.254.169.254}
 imds() {
@@ -53,7 +81,9 @@ imds() {
   curl -sf -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/$1"
 }
 rendezvous() { imds "tags/instance/spotsched:$1"; }
+instance_name() { imds instance-id; }
 report() {
+  upload_log
   aws ec2 create-tags --region "$(imds placement/region)" --resources "$(imds instance-id)" \
     --tags "Key=spotsched:result,Value=$1" || echo "spotsched: could not tag the result $1" >&2
 }
@@ -63,12 +93,62 @@ _GCP_FUNCTIONS = r"""
 MD=${SPOTSCHED_METADATA_URL:-http://metadata.google.internal}
 md() { curl -sf -H "Metadata-Flavor: Google" "$MD/computeMetadata/v1/instance/$1"; }
 rendezvous() { md "attributes/spotsched-$1"; }
+instance_name() { md name; }
 report() {
+  upload_log
   local zone
   zone=$(md zone) && zone=${zone##*/}
   gcloud compute instances add-labels "$(md name)" --zone "$zone" --labels "spotsched-result=$1" --quiet \
     || echo "spotsched: could not label the result $1" >&2
 }
+"""
+
+_READ_SECRET = {
+    "aws": r"""
+read_secret() {
+  local region
+  region=$(echo "$1" | cut -d: -f4)
+  aws secretsmanager get-secret-value --region "$region" --secret-id "$1" --query SecretString --output text
+}
+""",
+    "gcp": r"""
+read_secret() {
+  local token
+  token=$(md service-accounts/default/token | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') || return 1
+  curl -sf -H "Authorization: Bearer $token" "${SPOTSCHED_SM_ENDPOINT:-https://secretmanager.googleapis.com}/v1/$1:access" \
+    | python3 -c 'import base64,json,sys; sys.stdout.write(base64.b64decode(json.load(sys.stdin)["payload"]["data"]).decode())'
+}
+""",
+}
+"""``read_secret REFERENCE``: the secret's value on stdout, read with the instance's identity."""
+
+_SECRETS = r"""
+# The token goes to the command's environment only; the script never exports or prints it.
+with_hf_token() {
+  local hf_token
+  if ! hf_token=$(read_secret "$SPOTSCHED_HF_TOKEN_SECRET") || [ -z "$hf_token" ]; then
+    echo "spotsched: could not read the Hugging Face token from $SPOTSCHED_HF_TOKEN_SECRET with the instance's identity" >&2
+    return __EXIT_NO_SECRET__
+  fi
+  HF_TOKEN=$hf_token "$@"
+}
+"""
+
+_LOG_UPLOAD = r"""
+LOGS_URI=__LOGS_URI__
+LOG_URI="$LOGS_URI/$(instance_name || hostname)/__LOG_FILE__"
+upload_log() {
+  [ -f "${SPOTSCHED_LOG:-/var/log/spotsched-train.log}" ] || return 0
+  local log=${SPOTSCHED_LOG:-/var/log/spotsched-train.log}
+  case "$LOG_URI" in
+    s3://*) aws s3 cp --only-show-errors "$log" "$LOG_URI" ;;
+    gs://*) gcloud storage cp --quiet "$log" "$LOG_URI" ;;
+    *) mkdir -p "$(dirname "$LOG_URI")" && cp "$log" "$LOG_URI.tmp" && mv "$LOG_URI.tmp" "$LOG_URI" ;;
+  esac >/dev/null 2>&1 || echo "spotsched: could not upload the log to $LOG_URI" >&2
+}
+( while sleep "${SPOTSCHED_LOG_UPLOAD_SECONDS:-30}"; do upload_log; done ) &
+uploader=$!
+trap 'kill "$uploader" 2>/dev/null; upload_log' EXIT
 """
 
 _LOOP = r"""
@@ -108,9 +188,26 @@ done
 """
 
 
+def check_secret_reference(provider: Provider, reference: str) -> None:
+    """Refuse a Hugging Face token secret that is not a reference to ``provider``'s secret store."""
+    if not SECRET_REFERENCES[provider].fullmatch(reference):
+        example = ("arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME" if provider == "aws"
+                   else "projects/PROJECT/secrets/NAME/versions/latest")
+        raise BackendError(
+            f"hf_token_secret={reference[:12] + '...'!r} is not a secret reference on {provider}: give the "
+            f"secret's name, e.g. {example!r}, never the token itself (start-up scripts are readable metadata)"
+        )
+
+
 def check_no_credentials(env: Mapping[str, str]) -> None:
-    """Refuse environment entries that look like credentials: start-up scripts are readable metadata."""
+    """Refuse environment entries that look like credentials: start-up scripts are readable metadata.
+
+    :data:`HF_TOKEN_SECRET` is the one secret-named entry allowed: it names a secret, and
+    :func:`startup_script` checks that it is a reference.
+    """
     for name, value in env.items():
+        if name == HF_TOKEN_SECRET and not _SECRET_VALUE.search(str(value)):
+            continue
         if _SECRET_NAME.search(name) or _SECRET_VALUE.search(str(value)):
             raise BackendError(
                 f"job.env[{name!r}] looks like a credential; start-up scripts are stored as instance "
@@ -126,12 +223,16 @@ def startup_script(job: TrainingJob, provider: Provider, *, poll_seconds: int = 
     if poll_seconds < 1:
         raise ValueError(f"poll_seconds must be >= 1, got {poll_seconds}")
     check_no_credentials(job.env)
+    secret = job.env.get(HF_TOKEN_SECRET)
+    if secret is not None:
+        check_secret_reference(provider, secret)
     env = {**job.env, "SPOTSCHED_NOTICE": provider, "SPOTSCHED_JOB_ID": job.job_id}
     for name in env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise BackendError(f"job.env name {name!r} is not a shell variable name; use letters, digits and '_'")
     exports = "\n".join(f"export {name}={shlex.quote(str(value))}" for name, value in sorted(env.items()))
-    command = " ".join(shlex.quote(arg) for arg in job.command)
+    command = " ".join(shlex.quote(arg) for arg in (("with_hf_token",) if secret else ()) + job.command)
+    logs_uri = shlex.quote(f"{job.checkpoint_uri.rstrip('/')}/{LOGS_DIR}")
     loop = _LOOP.replace("__EXIT_PREEMPTED__", str(EXIT_PREEMPTED)).replace("__POLL__", str(int(poll_seconds)))
     script = (
         "#!/bin/bash\n"
@@ -139,6 +240,8 @@ def startup_script(job: TrainingJob, provider: Provider, *, poll_seconds: int = 
         f"{exports}\n"
         f"COMMAND=({command})\n"
         + (_AWS_FUNCTIONS if provider == "aws" else _GCP_FUNCTIONS)
+        + (_READ_SECRET[provider] + _SECRETS.replace("__EXIT_NO_SECRET__", str(EXIT_NO_SECRET)) if secret else "")
+        + _LOG_UPLOAD.replace("__LOGS_URI__", logs_uri).replace("__LOG_FILE__", LOG_FILE)
         + loop
     )
     if len(script.encode()) > MAX_SCRIPT_BYTES:

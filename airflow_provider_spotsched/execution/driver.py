@@ -26,8 +26,9 @@ The rules a caller must not have to know:
   seen), clamped to its slot; a job that ended after slots nobody stepped through (a caller or
   triggerer down meanwhile) has those slots carried: recorded and billed with the allocation
   that ran on (capped by each slot's capacity), nothing decided or launched for them;
-- **failures**: an instance failed in this try fails the run with its detail; a new try
-  (``reattach``) restarts a failed training from its checkpoint;
+- **failures**: an instance failed in this try fails the run with its detail and the tail of the
+  log it uploaded under ``checkpoint_uri/logs/`` (logged too); a new try (``reattach``) restarts
+  a failed training from its checkpoint;
 - any exception releases every instance of the job (checkpoints stay).
 """
 
@@ -44,7 +45,13 @@ from typing import Any
 from airflow_provider_spotsched.backends.base import InstanceState, InsufficientCapacityError, JobStatus, TrainingJob
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.wake import Wait, wait_for_wake
-from airflow_provider_spotsched.runtime.contract import read_finished_at, read_progress, read_work_done
+from airflow_provider_spotsched.runtime.contract import (
+    log_uri,
+    read_finished_at,
+    read_log_tail,
+    read_progress,
+    read_work_done,
+)
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, allocation_from_dict
 
@@ -104,6 +111,7 @@ class RunDriver:
         persist: Persist,
         selector_state: Mapping[str, Any] | None = None,
         load: Load | None = None,
+        training_env: Mapping[str, str] | None = None,
     ) -> RunDriver:
         """A new run: the job checked against the market, the budget and the account's quota,
         nothing launched yet.
@@ -111,6 +119,8 @@ class RunDriver:
         :param command_for: the training command for a checkpoint location.
         :param checkpoint_uri: where the runtime checkpoints (``None``: the backend's default).
         :param selector_state: the selector's learnt state, when the policy is the selector.
+        :param training_env: environment of the training command on every instance (no secrets:
+            the backends refuse them; a secret travels as a reference, see :mod:`~.backends.bootstrap`).
         """
         now = datetime.now(timezone.utc)
         run = OnlineRun.start(config, env.market.history(now), now, selector_state)
@@ -126,7 +136,8 @@ class RunDriver:
             raise JobError(
                 f"checkpoint_uri is required with backend={env.backend.name!r}: give an s3:// or gs:// location"
             )
-        training = TrainingJob(config.job_id, tuple(command_for(checkpoint_uri)), checkpoint_uri, run.config.pools)
+        training = TrainingJob(config.job_id, tuple(command_for(checkpoint_uri)), checkpoint_uri, run.config.pools,
+                               env=dict(training_env or {}))
         return cls(env, run, training, persist, load=load)
 
     # -- state ----------------------------------------------------------------------------
@@ -220,7 +231,7 @@ class RunDriver:
             self.known_failures = failures
         elif failures > self.known_failures:
             failed = [i for i in status.instances if i.state is InstanceState.FAILED]
-            details = "; ".join(f"{i.instance_id} ({i.pool}): {i.detail}" for i in failed)
+            details = "; ".join(f"{i.instance_id} ({i.pool}): {i.detail}{self._log_tail(i.instance_id)}" for i in failed)
             raise TrainingFailedError(f"training of {self.training.job_id} failed: {details}")
         now = datetime.now(timezone.utc)
         if not run.records:
@@ -243,9 +254,21 @@ class RunDriver:
             poll_interval=min(max(seconds_per_slot / 10.0, 0.2), 60.0),
         )
 
+    def _log_tail(self, instance_id: str) -> str:
+        """The tail of the log ``instance_id`` uploaded, logged and as text for the error ("" if none)."""
+        try:
+            tail = read_log_tail(self.training.checkpoint_uri, instance_id, locate=self.env.locate)
+        except Exception as error:  # storage errors share no base class; the failure itself matters more
+            log.warning("could not read the log of %s at %s: %s", instance_id, log_uri(self.training.checkpoint_uri, instance_id), error)
+            return ""
+        if tail is None:
+            return ""
+        log.error("log of %s (%s), last lines:\n%s", instance_id, log_uri(self.training.checkpoint_uri, instance_id), tail)
+        return f"; log tail:\n{tail}"
+
     def _decide(self, now: datetime, status: JobStatus) -> JobStatus:
         """Decide this slot, record the decision durably, then make the backend run it."""
-        progress = read_progress(self.training.checkpoint_uri)
+        progress = read_progress(self.training.checkpoint_uri, self.env.locate)
         record = self.run.decide(progress.samples_done, now, status.preemptions, status.preemptions_by_pool,
                                  progress.training_report())
         log.info("slot %d: %s (cost so far %.2f USD)", record.slot, record.allocation, record.cost_so_far)
@@ -270,7 +293,7 @@ class RunDriver:
     def _finish(self, status: JobStatus) -> Finished:
         run = self.run
         if run.completion_hours is None:
-            finished_at = read_finished_at(self.training.checkpoint_uri) or datetime.now(timezone.utc)
+            finished_at = read_finished_at(self.training.checkpoint_uri, self.env.locate) or datetime.now(timezone.utc)
             self._carry_to(min(self.slot_at(finished_at), self.slot_at(datetime.now(timezone.utc))), finished_at)
             slot_start = run.slot * run.config.job.slot_hours
             hours = run.hours_at(finished_at)
@@ -284,9 +307,8 @@ class RunDriver:
         """Record and bill the slots up to ``slot`` that the job ran through unwatched (module docstring)."""
         run = self.run
         while run.records and run.slot < slot:
-            record = run.pass_unwatched(
-                *self.env.market.row(run.slot + 1, run.config.pools, now), now, read_work_done(self.training.checkpoint_uri)
-            )
+            work_done = read_work_done(self.training.checkpoint_uri, self.env.locate)
+            record = run.pass_unwatched(*self.env.market.row(run.slot + 1, run.config.pools, now), now, work_done)
             log.info("slot %d: the job ended before anyone stepped; %s ran on", record.slot, record.applied)
 
     def slot_at(self, now: datetime) -> int:

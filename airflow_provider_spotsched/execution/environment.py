@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import fsspec
+
 from airflow_provider_spotsched.backends.base import ComputeBackend, TrainingJob
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_settings import LocalReplaySettings
 from airflow_provider_spotsched.market.feed import MarketFeed, ReplayedMarket
 from airflow_provider_spotsched.market.shipped import cached_trace
+from airflow_provider_spotsched.runtime.contract import Locate
 
 
 def _no_clock(job: TrainingJob) -> float | None:
@@ -23,7 +26,8 @@ class SpotEnvironment:
     ``seconds_per_slot`` is set where the market is replayed faster than real time;
     ``clock_start`` says when the backend's slot 0 began (``None``: slot 0 began when the run
     started, as on a real market); ``default_checkpoint_uri`` gives a job's checkpoint location
-    where the backend has one of its own (the local backend's workdir).
+    where the backend has one of its own (the local backend's workdir); ``locate`` reaches the
+    files under the checkpoint URI (on Airflow: with the connection's credentials, not ambient ones).
     """
 
     backend: ComputeBackend
@@ -31,6 +35,7 @@ class SpotEnvironment:
     seconds_per_slot: float | None = None
     default_checkpoint_uri: Callable[[str], str] | None = None
     clock_start: Callable[[TrainingJob], float | None] = _no_clock
+    locate: Locate = fsspec.core.url_to_fs
 
 
 def local_environment(settings: LocalReplaySettings, slot_hours: float) -> SpotEnvironment:

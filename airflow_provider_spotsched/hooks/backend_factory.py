@@ -12,7 +12,9 @@ it.
 - ``ec2`` / ``gce``: the compute hooks of :mod:`airflow_provider_spotsched.hooks.compute` (an
   ``aws`` or ``google_cloud_platform`` connection); the market is the live
   :class:`~airflow_provider_spotsched.market.source.MarketSource` given to the operator, usually a
-  :class:`~airflow_provider_spotsched.hooks.market_spec.MarketSpec` naming its connection.
+  :class:`~airflow_provider_spotsched.hooks.market_spec.MarketSpec` naming its connection. The
+  files under the checkpoint URI are reached with the compute connection's credentials
+  (:mod:`airflow_provider_spotsched.hooks.object_storage`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from airflow.sdk import BaseHook
 from airflow_provider_spotsched.backends.base import ComputeBackend
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.hooks.object_storage import connection_locate
 from airflow_provider_spotsched.market.feed import LiveMarketFeed
 from airflow_provider_spotsched.market.source import MarketSource
 
@@ -111,7 +114,9 @@ def build_environment(
         )
     if isinstance(market_source, MarketSpec) and market_source.conn_id:
         check_connection(market_source.conn_id, MARKET_CONN_TYPES[market_source.kind], "market_source.conn_id")
-    return SpotEnvironment(backend=build_backend(spec), market=LiveMarketFeed(market_source, slot_hours))
+    return SpotEnvironment(
+        backend=build_backend(spec), market=LiveMarketFeed(market_source, slot_hours), locate=connection_locate(spec.conn_id)
+    )
 
 
 def _cloud_hook(spec: BackendSpec) -> Any:

@@ -37,6 +37,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator, Context, Variable, conf
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_spotsched.backends.bootstrap import HF_TOKEN_SECRET
 from airflow_provider_spotsched.execution.driver import Finished, RunDriver
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.retry import retrying
@@ -158,8 +159,14 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         run with ``python -m airflow_provider_spotsched.runtime``.
     :param command: a training command instead (list or shell-style string); it must follow the
         runtime's contract (exit 0 done, 75 resumable, ``progress.json`` under the checkpoint URI).
-    :param checkpoint_uri: where checkpoints, ``progress.json`` and the final adapter go (local
-        path, ``s3://`` or ``gs://``); local backend default: under its workdir.
+    :param checkpoint_uri: where checkpoints, ``progress.json``, the instances' logs (``logs/``)
+        and the final adapter go (local path, ``s3://`` or ``gs://``); local backend default: under
+        its workdir. The operator reaches it with ``compute_conn_id``'s credentials
+        (``ObjectStoragePath``); instances with their instance profile or service account.
+    :param hf_token_secret: the secret holding a Hugging Face token, read on each instance with
+        its own identity and given to the training command as ``HF_TOKEN`` (never logged, never in
+        user data): an AWS Secrets Manager ARN (``ec2``) or ``projects/P/secrets/S/versions/V``
+        (``gce``); see docs/backends.md.
     :param adapter_asset: the Asset a success updates, with the adapter's location, cost, policy
         and ``deadline_met`` in the event's extra (default: ``{checkpoint_uri}/final`` when
         ``checkpoint_uri`` is fixed, else ``spotsched://{dag_id}/{task_id}/adapter``); it is
@@ -202,6 +209,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         "training_config",
         "command",
         "checkpoint_uri",
+        "hf_token_secret",
         "compute_conn_id",
         "backend_options",
         "policy_params",
@@ -241,6 +249,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         training_config: Mapping[str, Any] | None = None,
         command: Sequence[str] | str | None = None,
         checkpoint_uri: str | None = None,
+        hf_token_secret: str | None = None,
         adapter_asset: Asset | None = None,
         policy: str = "selector",
         policy_params: Mapping[str, Any] | None = None,
@@ -272,6 +281,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         self.training_config = training_config
         self.command = command
         self.checkpoint_uri = checkpoint_uri
+        self.hf_token_secret = hf_token_secret
         self.adapter_asset = add_adapter_outlet(self, adapter_asset)
         self.policy = policy
         self.policy_params = policy_params
@@ -386,10 +396,11 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         if self.policy == "selector":  # raw text: a Variable that is not JSON must not read as a missing one
             learnt = starting_state(Variable.get(self.selector_state_variable, default=None), self._selector_store)
         driver = RunDriver.start(
-            env, config, self._command, self.checkpoint_uri, self._persist(context, spec), learnt, self._load(context)
+            env, config, self._command, self.checkpoint_uri, self._persist(context, spec), learnt, self._load(context),
+            training_env=self._training_env(),
         )
         if self.training_config is not None:
-            write_config(driver.training.checkpoint_uri, self.training_config)
+            write_config(driver.training.checkpoint_uri, self.training_config, env.locate)
         return driver
 
     def _job(self, now: datetime, seconds_per_slot: float) -> Job:
@@ -503,6 +514,17 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         if urlparse(checkpoint_uri).scheme not in ("", "file"):
             raise JobError(f"checkpoint_uri={checkpoint_uri!r}: training_config's runtime 'hf' checkpoints into a local "
                            'or mounted directory; give a path, or "runtime": "loop" in training_config')
+
+    def _training_env(self) -> dict[str, str]:
+        """The instances' environment: the Hugging Face token's secret reference, where given."""
+        if not self.hf_token_secret:
+            return {}
+        if self.backend not in CLOUD_OPTIONS:
+            raise JobError(
+                f"hf_token_secret is read on cloud instances (ec2, gce), not with backend={self.backend!r}; "
+                "locally, set HF_TOKEN in the worker's environment instead"
+            )
+        return {HF_TOKEN_SECRET: str(self.hf_token_secret)}
 
     def _backend_spec(self) -> BackendSpec:
         """The backend and its options; a cloud pool defaults to the zone of its name."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
 import fsspec
+from fsspec import AbstractFileSystem
 
 from airflow_provider_spotsched.runtime.atomic import write_atomic
 
@@ -29,6 +30,15 @@ PROGRESS_FILE = "progress.json"
 
 CONFIG_FILE = "config.json"
 """Under the checkpoint URI: the training config the operator writes for ``--config``."""
+
+LOGS_DIR = "logs"
+LOG_FILE = "train.log"
+"""Under the checkpoint URI: ``logs/<instance>/train.log``, each cloud instance's command output."""
+
+Locate = Callable[[str], tuple[AbstractFileSystem, str]]
+"""A URI to the filesystem and path that reach it. The default, :func:`fsspec.core.url_to_fs`,
+uses ambient credentials; the Airflow side passes one built on a connection
+(:mod:`airflow_provider_spotsched.hooks.object_storage`)."""
 
 
 @dataclass(frozen=True)
@@ -81,30 +91,48 @@ def _progress_path(checkpoint_uri: str) -> str:
     return f"{checkpoint_uri.rstrip('/')}/{PROGRESS_FILE}"
 
 
+def log_uri(checkpoint_uri: str, instance_id: str) -> str:
+    """Where the start-up script uploads ``instance_id``'s log (see :mod:`~.backends.bootstrap`)."""
+    return f"{checkpoint_uri.rstrip('/')}/{LOGS_DIR}/{instance_id}/{LOG_FILE}"
+
+
+def read_log_tail(checkpoint_uri: str, instance_id: str, max_bytes: int = 4000,
+                  locate: Locate = fsspec.core.url_to_fs) -> str | None:
+    """The last ``max_bytes`` of an instance's uploaded log (``None``: none uploaded)."""
+    fs, path = locate(log_uri(checkpoint_uri, instance_id))
+    try:
+        size = fs.size(path)
+        data = fs.cat_file(path, start=max(0, size - max_bytes))
+    except FileNotFoundError:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    return text if size <= max_bytes else text.split("\n", 1)[-1]  # from the first whole line
+
+
 def write_progress(checkpoint_uri: str, progress: Progress) -> None:
     """Replace the job's progress file in one step: a reader sees the old progress or the new."""
     fs, path = fsspec.core.url_to_fs(_progress_path(checkpoint_uri))
     write_atomic(fs, path, (json.dumps(progress.to_dict(), indent=1, sort_keys=True) + "\n").encode())
 
 
-def read_progress(checkpoint_uri: str) -> Progress:
+def read_progress(checkpoint_uri: str, locate: Locate = fsspec.core.url_to_fs) -> Progress:
     """The job's progress; an empty one before the first write or when the file is not progress JSON."""
+    fs, path = locate(_progress_path(checkpoint_uri))
     try:
-        with fsspec.open(_progress_path(checkpoint_uri), "r") as handle:
-            data = json.load(handle)
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = json.loads(fs.cat_file(path))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         return Progress()
     return Progress.from_dict(data) if isinstance(data, dict) else Progress()
 
 
-def read_work_done(checkpoint_uri: str) -> float:
+def read_work_done(checkpoint_uri: str, locate: Locate = fsspec.core.url_to_fs) -> float:
     """Samples the runtime has checkpointed (work that survives a preemption)."""
-    return float(read_progress(checkpoint_uri).samples_done)
+    return float(read_progress(checkpoint_uri, locate).samples_done)
 
 
-def read_finished_at(checkpoint_uri: str) -> datetime | None:
+def read_finished_at(checkpoint_uri: str, locate: Locate = fsspec.core.url_to_fs) -> datetime | None:
     """When the runtime wrote its final progress (``status: done``), if it says."""
-    return read_progress(checkpoint_uri).finished_at
+    return read_progress(checkpoint_uri, locate).finished_at
 
 
 def runtime_command(checkpoint_uri: str, python: str = sys.executable) -> tuple[str, ...]:
@@ -120,7 +148,7 @@ def runtime_command(checkpoint_uri: str, python: str = sys.executable) -> tuple[
     )
 
 
-def write_config(checkpoint_uri: str, config: Mapping[str, Any]) -> None:
+def write_config(checkpoint_uri: str, config: Mapping[str, Any], locate: Locate = fsspec.core.url_to_fs) -> None:
     """Write the runtime's training config where :func:`runtime_command` tells it to look."""
-    with fsspec.open(f"{checkpoint_uri.rstrip('/')}/{CONFIG_FILE}", "w", auto_mkdir=True) as handle:
-        json.dump(dict(config), handle, indent=1, sort_keys=True)
+    fs, path = locate(f"{checkpoint_uri.rstrip('/')}/{CONFIG_FILE}")
+    write_atomic(fs, path, json.dumps(dict(config), indent=1, sort_keys=True).encode())

@@ -45,6 +45,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision (a GPU that has it)")
     args = parser.parse_args()
     if not args.checkpoint_uri:
         parser.error("--checkpoint-uri (or $SPOTSCHED_CHECKPOINT_URI) is required")
@@ -91,7 +92,7 @@ def main() -> int:
         output_dir=str(Path(args.checkpoint_uri) / "checkpoints"), max_steps=args.max_steps,
         per_device_train_batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,
         lr_scheduler_type="linear", warmup_steps=0, logging_steps=1, save_strategy="no",
-        report_to="none", disable_tqdm=True, use_cpu=not torch.cuda.is_available(),
+        report_to="none", disable_tqdm=True, use_cpu=not torch.cuda.is_available(), bf16=args.bf16,
         dataloader_num_workers=0, remove_unused_columns=False,
     )
     try:

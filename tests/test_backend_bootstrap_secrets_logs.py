@@ -1,0 +1,257 @@
+"""The start-up script's secrets and log sections, run by bash against fakes on loopback.
+
+GCP: a fake metadata server (rendezvous, the service account's access token) and a fake Secret
+Manager that hands the secret only for that token. AWS: the secret lives in moto's Secrets
+Manager; ``aws`` is a stand-in that answers ``secretsmanager get-secret-value`` from moto with
+boto3 (as the AWS CLI would with the instance profile) and records every other call. Each test
+checks that the token reaches the training command, and nothing else: not the script, not its log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
+from airflow_provider_spotsched.backends.bootstrap import EXIT_NO_SECRET, HF_TOKEN_SECRET, startup_script
+from airflow_provider_spotsched.runtime.contract import log_uri, read_log_tail
+from tests.moto_server import FAKE_CREDENTIALS, moto_endpoint  # noqa: F401 (a fixture)
+from tests.test_backend_bootstrap import lines, wait_for
+
+TOKEN = "hf_fake0123456789abcdefTOKEN"
+GCP_SECRET = "projects/p1/secrets/hf-token/versions/latest"
+ACCESS_TOKEN = "ya29.instance-access-token"
+INSTANCE = "ss-job-g1-p0-0"
+
+# A training command: keeps the token it got (a file of the test's), writes a log line, exits with $RC.
+WORKER = 'echo "${HF_TOKEN:-none}" > "$OUT/got-token"; echo "step 1 loss 2.5"; echo "Traceback: CUDA out of memory" >&2; exit "$RC"'
+
+
+@pytest.fixture
+def gcp() -> Iterator[tuple[dict[str, str], str]]:
+    """Metadata (rendezvous and access token) and Secret Manager on one loopback server."""
+    attributes: dict[str, str] = {"generation": "1", "rank": "0", "world-size": "1"}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = 404, "not found"
+            if self.path.startswith("/computeMetadata/v1/instance/") and self.headers.get("Metadata-Flavor") == "Google":
+                key = self.path.removeprefix("/computeMetadata/v1/instance/")
+                values = {
+                    "name": INSTANCE,
+                    "zone": "projects/1/zones/us-central1-a",
+                    "service-accounts/default/token": json.dumps({"access_token": ACCESS_TOKEN}),
+                }
+                value = values.get(key) or attributes.get(key.removeprefix("attributes/spotsched-"))
+                status, body = (200, value) if value is not None else (404, "not found")
+            elif self.path == f"/v1/{GCP_SECRET}:access":
+                if self.headers.get("Authorization") == f"Bearer {ACCESS_TOKEN}":
+                    status = 200
+                    body = json.dumps({"name": GCP_SECRET, "payload": {"data": base64.b64encode(TOKEN.encode()).decode()}})
+                else:
+                    status, body = 403, "permission denied"
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield attributes, f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def stand_in(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text(body)
+    path.chmod(0o755)
+
+
+def run_script(tmp_path: Path, job: TrainingJob, provider: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(job, provider, poll_seconds=1))  # type: ignore[arg-type]
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+
+
+def job_env(tmp_path: Path, bin_dir: Path, url: str, rc: int, **extra: str) -> dict[str, str]:
+    return {
+        "OUT": str(tmp_path),
+        "RC": str(rc),
+        "SPOTSCHED_METADATA_URL": url,
+        "SPOTSCHED_LOG": str(tmp_path / "train.log"),
+        "SPOTSCHED_POWEROFF": f"touch {tmp_path}/powered-off",
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        **extra,
+    }
+
+
+def test_gcp_reads_the_token_with_the_service_account_and_uploads_the_log_before_reporting(tmp_path, gcp):
+    _, url = gcp
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "gcloud", f'#!/bin/bash\necho "$@" >> {tmp_path}/gcloud\n')
+    checkpoint = tmp_path / "ckpt"
+    env = job_env(tmp_path, bin_dir, url, 1, SPOTSCHED_SM_ENDPOINT=url, **{HF_TOKEN_SECRET: GCP_SECRET})
+    job = TrainingJob("job-1", ("bash", "-c", WORKER), str(checkpoint), ("us-central1-a",), env=env)
+    script = startup_script(job, "gcp")
+    assert TOKEN not in script and GCP_SECRET in script
+
+    result = run_script(tmp_path, job, "gcp")
+
+    assert result.returncode == 1
+    assert lines(tmp_path / "got-token") == [TOKEN]
+    assert lines(tmp_path / "gcloud")[-1].endswith("--labels spotsched-result=failed-1 --quiet")
+    tail = read_log_tail(str(checkpoint), INSTANCE)
+    assert tail is not None and "CUDA out of memory" in tail and "step 1 loss 2.5" in tail
+    assert Path(log_uri(str(checkpoint), INSTANCE)).exists()
+    for text in (tail, result.stdout, result.stderr):
+        assert TOKEN not in text and ACCESS_TOKEN not in text
+
+
+def test_gcp_a_secret_the_instance_may_not_read_fails_the_command_naming_the_secret(tmp_path, gcp):
+    _, url = gcp
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "gcloud", f'#!/bin/bash\necho "$@" >> {tmp_path}/gcloud\n')
+    other = "projects/p1/secrets/not-granted/versions/1"
+    env = job_env(tmp_path, bin_dir, url, 0, SPOTSCHED_SM_ENDPOINT=url, **{HF_TOKEN_SECRET: other})
+    job = TrainingJob("job-1", ("bash", "-c", WORKER), str(tmp_path / "ckpt"), ("us-central1-a",), env=env)
+
+    result = run_script(tmp_path, job, "gcp")
+
+    assert result.returncode == EXIT_NO_SECRET
+    assert not (tmp_path / "got-token").exists()  # the command never started
+    assert lines(tmp_path / "gcloud")[-1].endswith(f"spotsched-result=failed-{EXIT_NO_SECRET} --quiet")
+    tail = read_log_tail(str(tmp_path / "ckpt"), INSTANCE)
+    assert tail is not None and f"could not read the Hugging Face token from {other}" in tail
+
+
+def test_the_log_is_uploaded_periodically_and_when_the_script_is_stopped(tmp_path, gcp):
+    _, url = gcp
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "gcloud", "#!/bin/bash\n")
+    worker = 'trap "echo got-term; exit 75" TERM; echo started; while true; do sleep 0.1; done'
+    env = job_env(tmp_path, bin_dir, url, 0, SPOTSCHED_LOG_UPLOAD_SECONDS="1")
+    checkpoint = str(tmp_path / "ckpt")
+    job = TrainingJob("job-1", ("bash", "-c", worker), checkpoint, ("us-central1-a",), env=env)
+    script = tmp_path / "startup.sh"
+    script.write_text(startup_script(job, "gcp", poll_seconds=1))
+    process = subprocess.Popen(["bash", str(script)])
+    try:
+        wait_for(lambda: "started" in (read_log_tail(checkpoint, INSTANCE) or ""), "a periodic upload")
+        process.terminate()  # a preemption's shutdown: TERM to the script
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "got-term" in (read_log_tail(checkpoint, INSTANCE) or "")  # uploaded after the command stopped
+
+
+AWS_STAND_IN = """#!{python}
+import json, sys
+import boto3
+args = sys.argv[1:]
+if args[:2] == ["secretsmanager", "get-secret-value"]:
+    get = lambda flag: args[args.index(flag) + 1]
+    client = boto3.client("secretsmanager", region_name=get("--region"), endpoint_url="{endpoint}")
+    print(client.get_secret_value(SecretId=get("--secret-id"))["SecretString"])
+else:
+    with open("{calls}", "a") as calls:
+        calls.write(" ".join(args) + "\\n")
+"""
+
+
+@pytest.fixture
+def aws_secret(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The token in moto's Secrets Manager; returns its ARN."""
+    for name, value in FAKE_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    client = boto3.client("secretsmanager", endpoint_url=moto_endpoint, region_name="eu-west-1")
+    name = f"hf-token-{time.monotonic_ns()}"
+    return client.create_secret(Name=name, SecretString=TOKEN)["ARN"]
+
+
+def test_aws_reads_the_token_from_secrets_manager_in_the_secrets_region(tmp_path, moto_endpoint, aws_secret):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "aws", AWS_STAND_IN.format(python=sys.executable, endpoint=moto_endpoint, calls=tmp_path / "aws"))
+
+    class Imds(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            self._answer("imds-token")
+
+        def do_GET(self) -> None:
+            values = {
+                "instance-id": "i-0abc",
+                "placement/region": "eu-west-1",
+                **{f"tags/instance/spotsched:{k}": v for k, v in (("generation", "1"), ("rank", "0"), ("world-size", "1"))},
+            }
+            self._answer(values.get(self.path.removeprefix("/latest/meta-data/")))
+
+        def _answer(self, value: str | None) -> None:
+            data = (value or "not found").encode()
+            self.send_response(200 if value is not None else 404)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = job_env(
+            tmp_path,
+            bin_dir,
+            f"http://127.0.0.1:{server.server_port}",
+            0,
+            **{HF_TOKEN_SECRET: aws_secret, **{k: v for k, v in FAKE_CREDENTIALS.items() if k == "AWS_DEFAULT_REGION"}},
+        )
+        job = TrainingJob("job-1", ("bash", "-c", WORKER), "s3://bucket/ckpt", ("eu-west-1a",), env=env)
+        assert TOKEN not in startup_script(job, "aws")
+        result = run_script(tmp_path, job, "aws")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 0
+    assert lines(tmp_path / "got-token") == [TOKEN]
+    upload = f"s3 cp --only-show-errors {tmp_path / 'train.log'} s3://bucket/ckpt/logs/i-0abc/train.log"
+    calls = lines(tmp_path / "aws")
+    # the log before the result is reported, the result, the log again as the script exits
+    assert calls[0] == upload and calls[-1] == upload
+    assert calls[1].startswith("ec2 create-tags --region eu-west-1 --resources i-0abc --tags Key=spotsched:result,Value=done")
+    assert TOKEN not in (tmp_path / "train.log").read_text() + result.stdout + result.stderr
+
+
+def test_a_token_in_place_of_a_secret_reference_is_refused_with_the_fix():
+    for provider, value in (("aws", TOKEN), ("gcp", TOKEN), ("aws", GCP_SECRET), ("gcp", "arn:aws:secretsmanager:x")):
+        job = TrainingJob("job-1", ("train",), "ckpt", ("a",), env={HF_TOKEN_SECRET: value})
+        with pytest.raises(BackendError, match="not a secret reference") as error:
+            startup_script(job, provider)  # type: ignore[arg-type]
+        assert TOKEN not in str(error.value)
+    job = TrainingJob("job-1", ("train",), "ckpt", ("a",), env={HF_TOKEN_SECRET: "AKIAABCDEFGHIJKLMNOP"})
+    with pytest.raises(BackendError, match="looks like a credential"):
+        startup_script(job, "aws")

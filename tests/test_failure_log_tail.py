@@ -1,0 +1,78 @@
+"""A failed instance's uploaded log reaches the task: the EC2 backend against moto, the real driver.
+
+The instance's start-up script (tests/test_backend_bootstrap_secrets_logs.py runs it) uploads its
+log to ``checkpoint_uri/logs/<instance>/train.log`` and tags ``spotsched:result=failed-N``; here
+moto holds the instance and its tag, the checkpoint URI is a local directory holding that log,
+and the driver must fail the run with the log's tail, read through the environment's ``locate``
+(the connection's credentials on Airflow), not ambient fsspec.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from fsspec import AbstractFileSystem
+
+from airflow_provider_spotsched import AWS_TRACE
+from airflow_provider_spotsched.execution.driver import RunDriver, TrainingFailedError
+from airflow_provider_spotsched.execution.environment import SpotEnvironment
+from airflow_provider_spotsched.market.feed import ReplayedMarket
+from airflow_provider_spotsched.market.shipped import cached_trace
+from airflow_provider_spotsched.runtime.contract import log_uri
+from airflow_provider_spotsched.scheduling.model import Allocation, Job, Throughput
+from airflow_provider_spotsched.scheduling.online import RunConfig
+from tests.moto_server import moto_endpoint  # noqa: F401 (a fixture)
+from tests.test_backend_ec2 import client, ec2, make_backend  # noqa: F401 (fixtures)
+
+POOLS = ("us-east-1a", "us-east-1c")
+LOG = "".join(f"step {i} loss {3.0 - i / 100:.2f}\n" for i in range(400)) + "RuntimeError: CUDA error: out of memory\n"
+
+
+def test_a_failed_ec2_instance_fails_the_run_with_the_tail_of_its_uploaded_log(client, ec2, tmp_path, caplog):
+    opened: list[str] = []
+
+    def locate(uri: str) -> tuple[AbstractFileSystem, str]:
+        opened.append(uri)
+        return fsspec.core.url_to_fs(uri)
+
+    backend = make_backend(client, pools={p: p for p in POOLS}, on_demand="us-east-1d")
+    env = SpotEnvironment(backend=backend, market=ReplayedMarket(cached_trace(AWS_TRACE), 1.0, 48), locate=locate)
+    job = Job(work=1000, deadline_hours=6.0, max_instances=1, throughput=Throughput(600.0, 0.0), value=100.0)
+    config = RunConfig(f"tail-{tmp_path.name[-20:]}", job, POOLS, policy="uniform-progress", forecaster="persistence")
+    checkpoint = tmp_path / "ckpt"
+    saved: list[dict[str, Any]] = []
+    driver = RunDriver.start(env, config, lambda uri: ["spotsched-train", "--checkpoint-uri", uri], str(checkpoint), saved.append)
+
+    status = backend.reconcile(driver.training, Allocation((1, 0), 0))
+    (instance,) = status.instances
+    ec2.create_tags(Resources=[instance.instance_id], Tags=[{"Key": "spotsched:result", "Value": "failed-1"}])
+    uploaded = log_uri(str(checkpoint), instance.instance_id)
+    Path(uploaded).parent.mkdir(parents=True)
+    Path(uploaded).write_text(LOG)  # what the start-up script's upload leaves
+
+    with pytest.raises(TrainingFailedError) as failure:
+        driver.step()
+
+    message = str(failure.value)
+    assert f"{instance.instance_id} (us-east-1a)" in message and "result=failed-1" in message
+    assert message.endswith("RuntimeError: CUDA error: out of memory\n")
+    assert "step 399 loss -0.99" in message and "step 0 loss" not in message  # the tail, from a whole line
+    assert uploaded in opened  # read through the environment's locate
+    assert "CUDA error: out of memory" in caplog.text  # and in the task log
+    assert backend.status(driver.training).instances[0].state.value == "failed"
+
+
+def test_without_an_uploaded_log_the_failure_keeps_the_instance_detail_alone(client, ec2, tmp_path):
+    backend = make_backend(client, pools={p: p for p in POOLS}, on_demand="us-east-1d")
+    env = SpotEnvironment(backend=backend, market=ReplayedMarket(cached_trace(AWS_TRACE), 1.0, 48))
+    job = Job(work=1000, deadline_hours=6.0, max_instances=1, throughput=Throughput(600.0, 0.0), value=100.0)
+    config = RunConfig(f"nolog-{tmp_path.name[-20:]}", job, POOLS, policy="uniform-progress", forecaster="persistence")
+    driver = RunDriver.start(env, config, lambda uri: ["spotsched-train"], str(tmp_path / "ckpt"), lambda state: None)
+    (instance,) = backend.reconcile(driver.training, Allocation((1, 0), 0)).instances
+    ec2.create_tags(Resources=[instance.instance_id], Tags=[{"Key": "spotsched:result", "Value": "failed-78"}])
+
+    with pytest.raises(TrainingFailedError, match=r"result=failed-78$"):
+        driver.step()
