@@ -4,8 +4,8 @@ One job runs in three torchrun generations on loopback (c10d rendezvous, gloo on
 
 1. world size 2; rank 1 alone gets a notice (SIGTERM, as the local backend and the cloud start-up
    script deliver one). The ranks agree at the step end, save an emergency checkpoint and exit 75.
-2. world size 1, resuming the world-size-2 checkpoint; after its first periodic checkpoint the
-   whole "instance" (torchrun and its worker) is killed with SIGKILL, one step later.
+2. world size 1, resuming the world-size-2 checkpoint; as soon as its first periodic checkpoint is
+   reported the whole "instance" (torchrun and its worker) is killed with SIGKILL.
 3. world size 2 again, resuming the world-size-1 checkpoint, to the end.
 
 Alongside it (at the same time, to keep the wall time down) an uninterrupted single-process run
@@ -41,9 +41,12 @@ from airflow_provider_spotsched.runtime.hf_checkpoints import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "docs" / "examples" / "hf_trainer_lora.py"
-STEPS = 24
+STEPS = 40
 BATCH = 8  # global: 4 per process at world size 2
 SETTINGS = {"keep": 3, "min_interval_s": 0.2, "max_interval_s": 0.2}
+# The generation that is killed saves every 0.5 s: far longer than the test takes to read the
+# save's event and kill, so no newer save can complete in between and the loss is measurable.
+KILL_SETTINGS = {**SETTINGS, "min_interval_s": 0.5, "max_interval_s": 0.5}
 LOSS_ATOL = 1e-4
 WEIGHT_ATOL = 1e-4
 TIMEOUT_S = 240
@@ -55,9 +58,9 @@ class Generation:
     """One torchrun launch (through ``runtime.launch``, for the exit code) of the example script, or with
     ``nproc=0`` a plain single process."""
 
-    def __init__(self, uri: Path, nproc: int) -> None:
+    def __init__(self, uri: Path, nproc: int, settings: dict[str, Any] = SETTINGS) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "SPOTSCHED_NOTICE": "none", "OMP_NUM_THREADS": "1",
-               "SPOTSCHED_CHECKPOINT": json.dumps(SETTINGS)}
+               "SPOTSCHED_CHECKPOINT": json.dumps(settings)}
         script = [str(SCRIPT), "--checkpoint-uri", str(uri), "--max-steps", str(STEPS), "--batch-size", str(BATCH)]
         if nproc:
             launcher = [sys.executable, "-m", "airflow_provider_spotsched.runtime.launch", "--nnodes=1:2",
@@ -135,27 +138,24 @@ def test_torchrun_world_size_2_1_2_ends_on_the_uninterrupted_curve(tmp_path: Pat
     assert manifest["world_size"] == 2 and {"rng_state_0.pth", "rng_state_1.pth"} <= set(manifest["files"])
     notice_lost_steps = stop["step"] - emergency["step"]
 
-    second = Generation(uri, nproc=1)
-    periodic: list[int] = []
-    killed_at = None
+    second = Generation(uri, nproc=1, settings=KILL_SETTINGS)
     for event in second.stream():
         if event["event"] == "checkpoint":
-            periodic.append(event["step"])
-        elif event["event"] == "log" and periodic:
-            killed_at = event["step"]
             second.kill()  # the instance vanishes: torchrun and its worker, with no handler run
             break
-    second.finish()
+    second.finish()  # reads what the worker printed before it died
     assert second.of("resumed")[0]["step"] == stop["step"], second.events
-    assert killed_at is not None, json.dumps(second.events)
+    periodic = [event["step"] for event in second.of("checkpoint")]
+    assert len(periodic) == 1, json.dumps(second.events)
+    killed_at = max(event["step"] for event in second.of("log"))
 
     third = Generation(uri, nproc=2)
     assert third.finish() == EXIT_DONE, third.log
     resumed = third.of("resumed")[0]["step"]
-    assert resumed == periodic[-1], (third.events, periodic)
-    kill_lost_steps = killed_at - resumed
-    interval_steps = periodic[-1] - stop["step"]  # the interval's clock starts when training does
-    assert 0 < kill_lost_steps <= interval_steps, (killed_at, periodic)
+    assert resumed == periodic[0], (third.events, periodic)
+    kill_lost_steps = killed_at - resumed  # the steps reached after the save, redone by the next generation
+    interval_steps = periodic[0] - stop["step"]  # one interval's steps: its clock starts when training does
+    assert 0 <= kill_lost_steps < interval_steps, (killed_at, periodic)
     assert notice_lost_steps == 0
 
     collected.join(TIMEOUT_S)
