@@ -12,6 +12,13 @@ seconds of training they cost, the checkpoint interval in force and the restart'
 the final-loss difference and the largest difference between the two loss curves (same sample
 positions; also smoothed).
 
+Then, in the same run, the same figures for the Hugging Face runtime: the example Trainer script
+(``docs/examples/hf_trainer_lora.py``, ``spot_train``) launched by torchrun (``runtime.launch``: c10d
+rendezvous on loopback, one process per unit of world size), ``--hf-steps`` optimizer steps of a global batch
+of 8, stopped at the same evenly spaced points with the same modes and world sizes (``notice``
+and ``sigterm``: the notice file / SIGTERM to the highest rank alone; ``kill``: kill -9 torchrun
+and every worker), against one uninterrupted single-process run. ``--hf-steps 0`` skips it.
+
     python benchmarks/bench_preemption.py --minutes 2 --preemptions 3 --modes notice,kill,sigterm \
         --world-sizes 1,2,1,1
     python benchmarks/bench_preemption.py --minutes 30 --preemptions 3   # the issue's demo job
@@ -33,11 +40,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 SMOOTHING_STEPS = 20  # window of the moving average the smoothed curve difference is taken over
+HF_SCRIPT = REPOSITORY / "docs" / "examples" / "hf_trainer_lora.py"
+HF_CHECKPOINT = {"keep": 3, "min_interval_s": 1.0, "max_interval_s": 1.0}  # a save every second or so
 
 
 def demo_config(samples: int, mtbp_hours: float) -> dict[str, Any]:
@@ -174,6 +184,109 @@ def report(segments: list[Segment], stops: list[tuple[int, str]], samples: int) 
           "  nan: the segment wrote no periodic checkpoint (it was shorter than the interval)")
 
 
+class HfSegment:
+    """One torchrun launch of the example Trainer script at ``world_size`` (0: plain python, no torchrun)."""
+
+    def __init__(self, uri: Path, world_size: int, steps: int, notice: Path) -> None:
+        self.notice, self.started = notice, time.monotonic()
+        env = {**os.environ, "PYTHONPATH": str(REPOSITORY), "OMP_NUM_THREADS": "1",
+               "SPOTSCHED_NOTICE": f"file://{notice}", "SPOTSCHED_NOTICE_POLL_S": "0.1",
+               "SPOTSCHED_CHECKPOINT": json.dumps(HF_CHECKPOINT)}
+        script = [str(HF_SCRIPT), "--checkpoint-uri", str(uri), "--max-steps", str(steps), "--batch-size", "8"]
+        # runtime.launch is torchrun with the spot exit codes; one node here, so the rendezvous does
+        # not wait torchrun's default 30 s (last_call_timeout) for a second one
+        launcher = [sys.executable] if not world_size else [
+            sys.executable, "-m", "airflow_provider_spotsched.runtime.launch", "--nnodes=1:2",
+            f"--nproc-per-node={world_size}", "--rdzv-backend=c10d", "--rdzv-conf=last_call_timeout=1",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--max-restarts=0"]
+        self.world_size = max(1, world_size)
+        self.process = subprocess.Popen(launcher + script, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        text=True, env=env, cwd=REPOSITORY, start_new_session=True)
+        self.events: list[dict[str, Any]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the Trainer's own prints
+            if isinstance(event, dict) and "event" in event:
+                event["wall_s"] = time.monotonic() - self.started
+                self.events.append(event)
+
+    def step(self) -> int:
+        steps = [e["step"] for e in self.events if e["event"] in ("log", "resumed")]
+        return steps[-1] if steps else 0
+
+    def stop(self, mode: str) -> None:
+        workers = psutil.Process(self.process.pid).children(recursive=True)
+        if mode == "notice":
+            self.notice.touch()
+        elif mode == "sigterm":  # the highest rank alone: the others stop on its word
+            next(w for w in workers if w.environ().get("RANK") == str(self.world_size - 1)).send_signal(signal.SIGTERM)
+        else:
+            for process in [psutil.Process(self.process.pid), *workers]:
+                process.send_signal(signal.SIGKILL)
+
+    def wait(self) -> int:
+        code = self.process.wait()
+        self.reader.join()
+        return code
+
+
+def run_hf_job(workdir: Path, steps: int, stops: list[tuple[int, str]], world_sizes: list[int]) -> list[HfSegment]:
+    """The HF job from scratch to the end under torchrun, stopped at ``(step, mode)`` points."""
+    segments = []
+    for index in range(len(stops) + 1):
+        segment = HfSegment(workdir / "ckpt", world_sizes[min(index, len(world_sizes) - 1)], steps,
+                            workdir / f"notice-{index}")
+        segments.append(segment)
+        if index < len(stops):
+            target, mode = stops[index]
+            while segment.step() < target and segment.process.poll() is None:
+                time.sleep(0.05)
+            segment.stop(mode)
+        code = segment.wait()
+        expected = EXIT_DONE if index == len(stops) else (-9 if stops[index][1] == "kill" else EXIT_PREEMPTED)
+        if code != expected:
+            raise SystemExit(f"HF segment {index}: the launcher exited {code}, expected {expected}")
+    return segments
+
+
+def hf_report(reference: HfSegment, segments: list[HfSegment], stops: list[tuple[int, str]], steps: int) -> None:
+    """Per preemption: steps reached, resumed from, redone (work lost), restart time; then the loss curves."""
+    batch = 8
+    print(f"\nHugging Face runtime under torchrun ({steps} steps of {batch} samples; reference: one process, "
+          f"{reference.events[-1]['wall_s']:.1f} s wall)")
+    print(f"{'#':>2} {'mode':>7} {'world':>5} {'reached':>7} {'resumed':>7} {'redone':>6} {'% of job':>8} "
+          f"{'lost_s':>7} {'interval_s':>10} {'restart_s':>9}")
+    for index, (_, mode) in enumerate(stops):
+        before, after = segments[index], segments[index + 1]
+        reached = before.step()
+        resumed = next(e for e in after.events if e["event"] == "resumed")
+        redone = reached - resumed["step"]
+        # seconds from the position resumed from (a step end, or the segment's own resume) to the last step
+        marks = {e["step"]: e["wall_s"] for e in before.events if e["event"] in ("resumed", "log")}
+        lost_s = marks[reached] - marks[resumed["step"]] if redone else 0.0
+        saves = [e for e in before.events if e["event"] == "checkpoint"]
+        interval = saves[-1]["interval_s"] if saves else float("nan")
+        print(f"{index + 1:>2} {mode:>7} {before.world_size:>5} {reached:>7} {resumed['step']:>7} {redone:>6} "
+              f"{100 * redone / steps:>7.2f}% {lost_s:>7.2f} {interval:>10.1f} {resumed['wall_s']:>9.2f}")
+    print("  redone = steps trained twice (the work lost); lost_s = their seconds in the stopped segment;\n"
+          "  restart_s = launcher start to resumed (torch import, rendezvous, the workers' imports and model\n"
+          "  build, the checkpoint choice; the checkpoint load comes after it); nan: no save in the segment")
+    ours: dict[int, float] = {}
+    for segment in segments:
+        ours.update({e["step"]: e["loss"] for e in segment.events if e["event"] == "log"})
+    theirs = {e["step"]: e["loss"] for e in reference.events if e["event"] == "log"}
+    common = sorted(set(ours) & set(theirs))
+    print(f"  loss curves at {len(common)} common steps (of {len(theirs)}): max |difference| "
+          f"{max(abs(ours[s] - theirs[s]) for s in common):.2e}, final {ours[steps] - theirs[steps]:+.2e}")
+
+
 def smoothed(values: np.ndarray) -> np.ndarray:
     window = min(SMOOTHING_STEPS, len(values))
     return np.convolve(values, np.ones(window) / window, mode="valid")
@@ -190,7 +303,11 @@ def main() -> None:
     parser.add_argument("--mtbp-hours", type=float, help="mean time between preemptions for Young/Daly "
                         "(default: the job's length / preemptions)")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "spotsched-bench-cache")
+    parser.add_argument("--hf-steps", type=int, default=40,
+                        help="steps of the Hugging Face runtime's job under torchrun (0 skips it)")
     args = parser.parse_args()
+    if args.hf_steps and args.hf_steps <= args.preemptions:
+        parser.error(f"--hf-steps {args.hf_steps} must exceed --preemptions {args.preemptions} (or be 0)")
 
     modes = args.modes.split(",")
     if not set(modes) <= {"notice", "sigterm", "kill"}:
@@ -231,6 +348,17 @@ def main() -> None:
     print(f"  max |difference|, raw            {np.abs(ours - theirs).max():.5f}")
     print(f"  max |difference|, {SMOOTHING_STEPS}-step mean   {np.abs(smoothed(ours) - smoothed(theirs)).max():.5f}")
     print(f"  step-to-step noise (std of consecutive raw differences, uninterrupted) {np.diff(theirs).std():.5f}")
+
+    if args.hf_steps:
+        hf_stops = [(args.hf_steps * (k + 1) // (args.preemptions + 1), mode) for k, (_, mode) in enumerate(stops)]
+        with tempfile.TemporaryDirectory(prefix="spotsched-bench-hf-") as workdir:
+            (Path(workdir) / "reference").mkdir()
+            (Path(workdir) / "preempted").mkdir()
+            reference = HfSegment(Path(workdir) / "reference" / "ckpt", 0, args.hf_steps, Path(workdir) / "none")
+            if reference.wait() != EXIT_DONE:
+                raise SystemExit("the uninterrupted HF run failed")
+            hf_segments = run_hf_job(Path(workdir) / "preempted", args.hf_steps, hf_stops, world_sizes)
+        hf_report(reference, hf_segments, hf_stops, args.hf_steps)
 
 
 if __name__ == "__main__":

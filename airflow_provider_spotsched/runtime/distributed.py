@@ -1,11 +1,13 @@
 """The workers' process group: torch.distributed from the env:// variables the launcher sets.
 
 ``WORLD_SIZE`` (default 1) workers, this one being ``RANK``, meet at ``MASTER_ADDR:MASTER_PORT``;
-one worker needs no process group. CUDA workers use NCCL on ``cuda:$LOCAL_RANK``, CPU workers
-gloo. Gradients are averaged by an explicit all-reduce of the (small) LoRA gradients rather than
-by a DistributedDataParallel wrapper: it makes every step's gradient the exact mean over the
-global batch however that batch is split across ranks (uneven shares, a rank with none), which
-is what lets a job change its world size without changing what it computes.
+one worker needs no process group. Under torchrun, which sets the same variables, that address is
+its agent's store (``TORCHELASTIC_USE_AGENT_STORE``), which the ``tcp://`` initialisation joins.
+CUDA workers use NCCL on ``cuda:$LOCAL_RANK``, CPU workers gloo. Gradients are averaged by an
+explicit all-reduce of the (small) LoRA gradients rather than by a DistributedDataParallel
+wrapper: it makes every step's gradient the exact mean over the global batch however that batch
+is split across ranks (uneven shares, a rank with none), which is what lets a job change its
+world size without changing what it computes.
 """
 
 from __future__ import annotations

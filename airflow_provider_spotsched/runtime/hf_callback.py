@@ -16,8 +16,15 @@ the checkpoint URI; during training the callback
 
 At the end it exports the adapter to ``URI/final/`` and reports ``done`` (exit 0). Divergence
 rollback (:mod:`.guard`) is not part of it: rolling back inside ``Trainer.train`` needs the
-Trainer's data position rewound, which a callback cannot do. Single process only: the manifest
-covers rank 0's files, and a multi-process Trainer saves per-rank RNG files (torchrun is separate).
+Trainer's data position rewound, which a callback cannot do.
+
+Under torchrun (world size > 1) every rank runs the callback: at each step end the ranks agree,
+by one all-reduce (MAX) of their stop and save-due flags, so a notice seen by any rank stops all
+of them at the same step and a time-based save is taken by all or none. After a save a barrier
+waits for every rank's files (the per-rank ``rng_state_R.pth``), rank 0 writes the manifest and
+prunes, and a second barrier keeps the others from exiting (which makes torchrun stop the group)
+before the checkpoint is complete. :func:`spot_train` also gives the Trainer a
+:class:`~.hf_sampler.GlobalOrderSampler`, so the data order survives a change of world size.
 """
 
 from __future__ import annotations
@@ -30,7 +37,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import torch
+import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import has_length
 
 from airflow_provider_spotsched.runtime.checkpoint import utc_now
 from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError
@@ -42,6 +52,7 @@ from airflow_provider_spotsched.runtime.hf_checkpoints import (
     remove_newer_than,
     write_manifest,
 )
+from airflow_provider_spotsched.runtime.hf_sampler import GlobalOrderSampler
 from airflow_provider_spotsched.runtime.interval import CheckpointInterval
 from airflow_provider_spotsched.runtime.preemption import NoticeSource, NoticeWatcher, StopFlag, install_sigterm_handler
 from airflow_provider_spotsched.runtime.train import Emitter, warn
@@ -78,7 +89,7 @@ class SpotCallback(TrainerCallback):
         self.settings = checkpoint or CheckpointSettings()
         self.interval = CheckpointInterval(self.settings)
         self.notice, self.notice_poll_s = notice, notice_poll_s
-        self.emit = emit or Emitter(True)
+        self.emit = emit or Emitter(os.environ.get("RANK", "0") == "0")  # one event stream per job: rank 0's
         self.stop = stop or StopFlag()
         self.preempted = False
         self.keep = self.settings.keep
@@ -125,12 +136,23 @@ class SpotCallback(TrainerCallback):
     def resume_checkpoint(self, leader: bool = True) -> str | None:
         """The newest complete, checksum-valid checkpoint (for ``resume_from_checkpoint``), None if none.
 
-        The leader removes the unusable newer ones, so the Trainer never saves into a stale directory.
+        The leader chooses and removes the unusable newer ones, so the Trainer never saves into a
+        stale directory; under torchrun the others take its choice (they must not verify files the
+        leader is removing).
         """
-        chosen, skipped = latest_valid(self.output_dir, warn)
-        step = checkpoint_step(chosen) if chosen else None
+        chosen: Path | None = None
+        skipped: list[str] = []
         if leader:
-            remove_newer_than(self.output_dir, step, warn)
+            chosen, skipped = latest_valid(self.output_dir, warn)
+            remove_newer_than(self.output_dir, checkpoint_step(chosen) if chosen else None, warn)
+        if distributed():
+            holder = [str(chosen) if chosen else None]
+            dist.broadcast_object_list(holder, src=0)
+            chosen = Path(holder[0]) if holder[0] else None
+        elif not leader:
+            raise RuntimeError("a non-zero rank without a torch.distributed process group cannot resume: "
+                               "launch the script with torchrun")
+        step = checkpoint_step(chosen) if chosen else None
         self.checkpointed_step = step or 0
         self.emit("resumed", checkpoint=chosen.name if chosen else None, step=self.checkpointed_step,
                   skipped=skipped)
@@ -160,12 +182,15 @@ class SpotCallback(TrainerCallback):
         self._last_step_end = now
         if self._steps_timed == 1:
             self.check_notice_window(step_s)
-        if self.stop.is_set():
+        due = state.global_step >= state.max_steps or self.interval.due(now - self._last_save)
+        stop, due = agree([self.stop.is_set(), due], args.device)
+        if stop:
+            self.stop.set("a peer's notice")  # kept as is when this rank saw the notice itself
             if not self.preempted:
                 self.preempted = True
                 self.emit("stop", reason=self.stop.reason, step=state.global_step)
             control.should_save = control.should_training_stop = True
-        elif state.global_step >= state.max_steps or self.interval.due(now - self._last_save):
+        elif due:
             control.should_save = True
         if control.should_save:
             self._save_requested = now
@@ -184,11 +209,13 @@ class SpotCallback(TrainerCallback):
         now = time.monotonic()
         step = state.global_step
         kind = "emergency" if self.preempted else "final" if step >= state.max_steps else "periodic"
+        barrier()  # every rank's files (its rng_state_R.pth) are written before the manifest vouches for them
         if args.should_save:
             directory = self.output_dir / f"checkpoint-{step}"
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
                            world_size=args.world_size, kind=kind)
             prune(self.output_dir, self.keep, warn)
+        barrier()  # no rank exits (torchrun would then stop the others) before the checkpoint is complete
         self.checkpointed_step = step
         save_s = now - self._save_requested if self._save_requested is not None else None
         if save_s is not None:  # a save the Trainer made on its own (e.g. at an epoch end) is not timed
@@ -253,6 +280,7 @@ class SpotCallback(TrainerCallback):
     def train(self, trainer: Trainer) -> int:
         """Point ``trainer`` at the checkpoint URI, resume, train, export the adapter; the exit code."""
         trainer.args.output_dir = str(self.output_dir)
+        use_global_order(trainer)
         trainer.add_callback(self)
         leader = trainer.is_world_process_zero()
         resume = self.resume_checkpoint(leader)
@@ -272,12 +300,45 @@ class SpotCallback(TrainerCallback):
         self.emit("done", step=trainer.state.global_step, loss=self.loss, final=str(self.root / FINAL))
         return EXIT_DONE
 
-
     def already_done(self, max_steps: int) -> bool:
         """Whether a finished job was started again (its last step checkpointed, the model exported, progress
         done): ``Trainer.train`` resumed at ``max_steps`` would train one step more, so it is not called."""
         return (0 < max_steps <= self.checkpointed_step and (self.root / FINAL).is_dir()
                 and read_progress(self.checkpoint_uri).status == "done")
+
+
+def distributed() -> bool:
+    """Whether this process is one of several in a torch.distributed group (as under torchrun)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def agree(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag set on any rank, on every rank: one all-reduce (MAX) of them, gloo on CPU, NCCL on GPU."""
+    if not distributed():
+        return flags
+    tensor = torch.tensor([float(flag) for flag in flags], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [bool(value) for value in tensor.tolist()]
+
+
+def barrier() -> None:
+    if distributed():
+        dist.barrier()
+
+
+def use_global_order(trainer: Trainer) -> None:
+    """Give ``trainer`` a :class:`GlobalOrderSampler` in place of its (world-size dependent) random one.
+
+    Only for the default ``train_sampling_strategy="random"`` on a sized data set; a script that
+    chose another strategy (or an iterable data set) keeps its own, and with it the order it implies.
+    """
+    dataset = trainer.train_dataset
+    if trainer.args.train_sampling_strategy != "random" or dataset is None or not has_length(dataset):
+        return
+    sampler = GlobalOrderSampler(len(dataset), global_batch(trainer.args), trainer.args.seed)
+    # Trainer documents subclassing to change the sampler; an instance attribute does the same for
+    # a Trainer (or SFTTrainer) the user built, without asking them to subclass it.
+    trainer._get_train_sampler = lambda train_dataset=None: sampler  # type: ignore[method-assign]
 
 
 def global_batch(args: TrainingArguments) -> int:

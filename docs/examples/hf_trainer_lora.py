@@ -40,7 +40,8 @@ def parse_args() -> argparse.Namespace:
                         help="checkpoints, progress.json and the final adapter (default $SPOTSCHED_CHECKPOINT_URI)")
     parser.add_argument("--data", default=str(TEXT_DIR / "sft.jsonl"), help="JSONL of {prompt, response}")
     parser.add_argument("--max-steps", type=int, default=60)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8,
+                        help="global batch: split over the processes torchrun starts, so any world size trains alike")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -49,7 +50,15 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if not args.checkpoint_uri:
         parser.error("--checkpoint-uri (or $SPOTSCHED_CHECKPOINT_URI) is required")
+    if args.batch_size % world_size():
+        parser.error(f"--batch-size {args.batch_size} must be a multiple of the {world_size()} processes "
+                     "(WORLD_SIZE) it is split over")
     return args
+
+
+def world_size() -> int:
+    """The processes torchrun started for this job (1 when run directly)."""
+    return int(os.environ.get("WORLD_SIZE") or 1)
 
 
 def load_pairs(path: str, tokenizer: Any, seq_len: int) -> list[dict[str, list[int]]]:
@@ -90,7 +99,7 @@ def main() -> int:
     model = wrap_lora(base, LoraSettings(), BUILTIN_MODEL)
     training = TrainingArguments(
         output_dir=str(Path(args.checkpoint_uri) / "checkpoints"), max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size, learning_rate=args.lr, seed=args.seed,
+        per_device_train_batch_size=args.batch_size // world_size(), learning_rate=args.lr, seed=args.seed,
         lr_scheduler_type="linear", warmup_steps=0, logging_steps=1, save_strategy="no",
         report_to="none", disable_tqdm=True, use_cpu=not torch.cuda.is_available(), bf16=args.bf16,
         dataloader_num_workers=0, remove_unused_columns=False,
