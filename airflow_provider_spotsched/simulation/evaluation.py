@@ -113,8 +113,8 @@ PEERS: tuple[str, ...] = ("skynomad", "up-s", "up-ap")
 POLICY_SPECS: dict[str, PolicySpec] = _policy_specs()
 # The default grid runs CHC on the forecaster the operator uses (auto), under the cost guard.
 # `make evaluate-forecasters` runs plain CHC on every forecaster (chc-auto-unguarded for auto) to
-# see what each buys; chc-auto-robust, which the committed default evaluation (docs/evaluation/)
-# predates, is named with --policies. The single-instance peers run on N_max = 1 cells only.
+# see what each buys; chc-auto-robust (about chc-auto's mean cost, measured in
+# docs/policies-optimal-chc.md) is named with --policies. The peers run on N_max = 1 cells only.
 OPT_IN_POLICIES: tuple[str, ...] = (
     *(f"chc-{name}" for name in CHC_FORECASTERS if name != "auto"),
     "chc-auto-unguarded",
