@@ -8,17 +8,15 @@ power the instance off. ``gcloud`` and the power-off command are stand-ins that 
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
 from airflow_provider_spotsched.backends.bootstrap import startup_script
+from tests.loopback_http import QuietHandler, serving
 
 # A training command: logs its rendezvous, exits 75 on SIGTERM, 0 once the "done" file exists.
 WORKER = (
@@ -32,30 +30,16 @@ def metadata() -> Iterator[tuple[dict[str, str], str]]:
     """The rendezvous attributes (without their ``spotsched-`` prefix), served as the GCE metadata server does."""
     attributes: dict[str, str] = {}
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             key = self.path.removeprefix("/computeMetadata/v1/instance/")
             values = {"name": "ss-job-g1-p0-0", "zone": "projects/1/zones/us-central1-a"}
             value = values.get(key) or attributes.get(key.removeprefix("attributes/spotsched-"))
             ok = value is not None and self.headers.get("Metadata-Flavor") == "Google"
-            data = (value or "not found").encode()
-            self.send_response(200 if ok else 404)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(200 if ok else 404, value or "not found")
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield attributes, f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield attributes, url
 
 
 def wait_for(condition: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:

@@ -13,12 +13,9 @@ import base64
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import boto3
 import pytest
@@ -26,6 +23,7 @@ import pytest
 from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
 from airflow_provider_spotsched.backends.bootstrap import EXIT_NO_SECRET, HF_TOKEN_SECRET, startup_script
 from airflow_provider_spotsched.runtime.contract import log_uri, read_log_tail
+from tests.loopback_http import QuietHandler, serving
 from tests.moto_server import FAKE_CREDENTIALS, moto_endpoint  # noqa: F401 (a fixture)
 from tests.test_backend_bootstrap import lines, wait_for
 
@@ -43,7 +41,7 @@ def gcp() -> Iterator[tuple[dict[str, str], str]]:
     """Metadata (rendezvous and access token) and Secret Manager on one loopback server."""
     attributes: dict[str, str] = {"generation": "1", "rank": "0", "world-size": "1"}
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             status, body = 404, "not found"
             if self.path.startswith("/computeMetadata/v1/instance/") and self.headers.get("Metadata-Flavor") == "Google":
@@ -61,24 +59,10 @@ def gcp() -> Iterator[tuple[dict[str, str], str]]:
                     body = json.dumps({"name": GCP_SECRET, "payload": {"data": base64.b64encode(TOKEN.encode()).decode()}})
                 else:
                     status, body = 403, "permission denied"
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(status, body)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield attributes, f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield attributes, url
 
 
 def stand_in(bin_dir: Path, name: str, body: str) -> None:
@@ -198,7 +182,7 @@ def test_aws_reads_the_token_from_secrets_manager_in_the_secrets_region(tmp_path
     bin_dir.mkdir()
     stand_in(bin_dir, "aws", AWS_STAND_IN.format(python=sys.executable, endpoint=moto_endpoint, calls=tmp_path / "aws"))
 
-    class Imds(BaseHTTPRequestHandler):
+    class Imds(QuietHandler):
         def do_PUT(self) -> None:
             self._answer("imds-token")
 
@@ -211,31 +195,19 @@ def test_aws_reads_the_token_from_secrets_manager_in_the_secrets_region(tmp_path
             self._answer(values.get(self.path.removeprefix("/latest/meta-data/")))
 
         def _answer(self, value: str | None) -> None:
-            data = (value or "not found").encode()
-            self.send_response(200 if value is not None else 404)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(200 if value is not None else 404, value or "not found")
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving(Imds) as url:
         env = job_env(
             tmp_path,
             bin_dir,
-            f"http://127.0.0.1:{server.server_port}",
+            url,
             0,
             **{HF_TOKEN_SECRET: aws_secret, **{k: v for k, v in FAKE_CREDENTIALS.items() if k == "AWS_DEFAULT_REGION"}},
         )
         job = TrainingJob("job-1", ("bash", "-c", WORKER), "s3://bucket/ckpt", ("eu-west-1a",), env=env)
         assert TOKEN not in startup_script(job, "aws")
         result = run_script(tmp_path, job, "aws")
-    finally:
-        server.shutdown()
-        server.server_close()
     assert result.returncode == 0
     assert lines(tmp_path / "got-token") == [TOKEN]
     upload = f"s3 cp --only-show-errors {tmp_path / 'train.log'} s3://bucket/ckpt/logs/i-0abc/train.log"
