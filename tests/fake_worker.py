@@ -5,7 +5,8 @@
 rank 0 rewrites that file every step. SIGTERM saves and exits 75; a notice (the file named by
 ``SPOTSCHED_NOTICE=file://...``) is logged and, with ``"exit_on_notice": true``, also exits 75.
 Done: rank 0 writes ``DIR/final/`` and every rank exits 0. ``"fail_rank"``/``"fail_after_steps"``
-make that rank exit 3 with a message on stderr. Every event is one JSON line on stdout.
+make that rank exit 3 with a message on stderr; ``"linger_s"`` keeps every rank alive that long
+after the work is done (as torchrun's exit barrier can). Every event is one JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ def main() -> None:
     steps = 0
     step_s = float(config.get("step_s", 0.05))
 
-    def save() -> None:
+    def save(status: str = "running") -> None:
         if rank == 0:
             tmp = progress_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({
                 "samples_done": done, "samples_total": total, "world_size": world, "step": steps,
                 "loss": 2.0 / (1.0 + done / max(total, 1)), "samples_per_second": world / max(step_s, 1e-6),
-                "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": status,
             }))
             os.replace(tmp, progress_file)
 
@@ -77,6 +78,8 @@ def main() -> None:
     if rank == 0:
         (uri / "final").mkdir(exist_ok=True)
         (uri / "final" / "adapter.txt").write_text(f"{done} samples\n")
+        save("done")
+    time.sleep(float(config.get("linger_s", 0.0)))
     emit("done", samples_done=done)
 
 

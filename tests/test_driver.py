@@ -30,7 +30,8 @@ POOLS = ("us-east4-a", "europe-west1-c")
 MARKET_START = "2025-10-11T03:10:00Z"  # us-east4-a loses its capacity in slot 2
 
 
-def make_driver(tmp_path: Path, saved: list[dict[str, Any]], samples: int = 160, step_s: float = 0.05) -> RunDriver:
+def make_driver(tmp_path: Path, saved: list[dict[str, Any]], samples: int = 160, step_s: float = 0.05,
+                linger_s: float = 0.0) -> RunDriver:
     settings = LocalReplaySettings.from_extra(
         {"workdir": str(tmp_path / "local"), "seconds_per_slot": 2.0, "market_start": MARKET_START}, "test"
     )
@@ -40,7 +41,7 @@ def make_driver(tmp_path: Path, saved: list[dict[str, Any]], samples: int = 160,
     config = RunConfig("driver-test", job, POOLS, policy="uniform-progress", forecaster="persistence",
                        seconds_per_slot=env.seconds_per_slot)
     worker = tmp_path / "worker.json"
-    worker.write_text(json.dumps({"samples": samples, "step_s": step_s}))
+    worker.write_text(json.dumps({"samples": samples, "step_s": step_s, "linger_s": linger_s}))
 
     def command(uri: str) -> list[str]:
         return [sys.executable, str(FAKE_WORKER), "--config", str(worker), "--checkpoint-uri", uri]
@@ -68,6 +69,18 @@ def test_the_driver_runs_a_job_to_its_end_without_airflow(tmp_path):
     assert not marked(str(tmp_path / "local" / "jobs" / "driver-test")), "no worker is left running"
     status = driver.env.backend.status(driver.training)
     assert all(i.state is not InstanceState.RUNNING for i in status.instances)
+
+
+def test_a_runtime_that_is_still_exiting_after_the_work_is_done_is_waited_for_not_planned(tmp_path):
+    """Its last progress says all samples are done while its process lives on past slot boundaries
+    (the final save, torchrun's exit barrier): no policy is asked to plan a job with no work left."""
+    saved: list[dict[str, Any]] = []
+    run = make_driver(tmp_path, saved, samples=60, linger_s=5.0).run_to_completion(poll_interval=0.1)
+    result = run.result()
+    assert result["deadline_met"] and result["completion_hours"] is not None
+    assert [r.slot for r in run.records] == list(range(len(run.records)))
+    finished = [r for r in run.records if r.work_done >= 60]
+    assert finished and all(r.plan is None for r in finished), "no policy planned a slot with no work left"
 
 
 def test_the_decision_log_tells_the_ui_what_ran_where_and_when_next(tmp_path):

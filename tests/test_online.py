@@ -391,3 +391,20 @@ def test_policy_params_that_match_the_stored_selector_or_none_keep_learning_with
         run = OnlineRun.start(config, history, NOW, stored)
         assert run.selector_start["draws"] == 6  # drawn after the stored draws: the stored selector played
         assert (run.selector_start["algorithm"], run.selector_start["seed"]) == ("exp3", 7)
+
+
+@pytest.mark.parametrize("policy", ["chc", "uniform-progress"])
+def test_a_slot_with_all_work_done_runs_min_instances_on_demand_without_planning(gcp_market, policy):
+    """The runtime was stopped on its way out after its last checkpoint: the job only needs an instance to
+    see that and exit 0; a planner asked to plan zero remaining work would refuse."""
+    job = gcp_job(min_instances=2)
+    run = OnlineRun.start(RunConfig("r", job, gcp_market.pools, policy=policy), gcp_market.prefix(HISTORY + 1), NOW)
+    run.decide(30.0, NOW)
+    run.applied(Allocation((2, 0, 0), 0))
+    run.next_slot(gcp_market.spot_price[HISTORY + 1], gcp_market.available[HISTORY + 1])
+    record = run.decide(job.work, NOW + timedelta(hours=1))
+    assert record.allocation == {"spot": {}, "on_demand": 2} and record.plan is None
+    resumed = OnlineRun.from_state(json.loads(json.dumps(run.to_state())))
+    resumed.applied(Allocation((0, 0, 0), 2))
+    resumed.next_slot(gcp_market.spot_price[HISTORY + 2], gcp_market.available[HISTORY + 2])
+    assert resumed.decide(job.work, NOW + timedelta(hours=2)).plan is None  # the replay skips the finished slot

@@ -239,11 +239,18 @@ class RunDriver:
         elif run.records[-1].applied is None or (reattach and run.slot == self.slot_at(now)):
             # a previous step decided and stopped before the backend acted, or released what it had
             status = self._apply(allocation_from_dict(run.records[-1].allocation, run.config.pools))
+        seconds_per_slot = run.config.wall_seconds_per_slot
+        poll_interval = min(max(seconds_per_slot / 10.0, 0.2), 60.0)
+        if run.slot < self.slot_at(now) and status.active(run.config.pools).total and self._work_finished():
+            # The runtime has done all the work and is exiting (the last save, torchrun's exit barrier):
+            # there is nothing left to decide; the finish wakes the run, or else the next boundary.
+            boundary = run.started + timedelta(seconds=(self.slot_at(now) + 1) * seconds_per_slot)
+            return Wait(boundary=boundary, known_preemptions=status.preemptions, known_failures=self.known_failures,
+                        poll_interval=poll_interval)
         while run.slot < self.slot_at(now):
             run.observe(*self.env.market.row(run.slot + 1, run.config.pools, now))
             status = self._decide(now, status)
         run.note_preemptions(status.preemptions, status.preemptions_by_pool)
-        seconds_per_slot = run.config.wall_seconds_per_slot
         boundary = run.started + timedelta(seconds=(run.slot + 1) * seconds_per_slot)
         run.note_next_decision(boundary)
         self._save()
@@ -251,8 +258,13 @@ class RunDriver:
             boundary=boundary,
             known_preemptions=status.preemptions,
             known_failures=self.known_failures,
-            poll_interval=min(max(seconds_per_slot / 10.0, 0.2), 60.0),
+            poll_interval=poll_interval,
         )
+
+    def _work_finished(self) -> bool:
+        """Whether the runtime reports all of the job's work done (it may still be exiting)."""
+        progress = read_progress(self.training.checkpoint_uri, self.env.locate)
+        return progress.samples_done >= self.run.config.job.work
 
     def _log_tail(self, instance_id: str) -> str:
         """The tail of the log ``instance_id`` uploaded, logged and as text for the error ("" if none)."""

@@ -283,14 +283,22 @@ class OnlineRun:
         if self.decided:
             raise ValueError(f"slot {self.slot} is already decided; observe the next slot first")
         job, pools = self.config.job, self.config.pools
-        policy = self.policy()
-        for record in self.records[self._decided :]:  # a resumed run replays what it observed
-            policy.decide(self._observation(record.slot))
-            self._decided += 1
         observation = self._observation(self.slot, work_done, now)
-        allocation = policy.decide(observation)
+        policy: Policy | None = None
+        if work_done >= job.work:
+            # All the work is checkpointed, yet the runtime is not running to finish (it was stopped on its
+            # way out): min_instances on-demand instances let it see that and exit 0. No policy plans
+            # a job with no work left.
+            allocation = Allocation((0,) * len(pools), job.min_instances)
+        else:
+            policy = self.policy()
+            for record in self.records[self._decided :]:  # a resumed run replays what it observed
+                if record.work_done < job.work:
+                    policy.decide(self._observation(record.slot))
+                self._decided += 1
+            allocation = policy.decide(observation)
+            self._decided += 1
         allocation.check(job, self.market.available[-1])
-        self._decided += 1
         hourly = _hourly(allocation, self.market.spot_price[-1], self.market.on_demand_price)
         if self.config.budget is not None and self.cost + hourly * job.slot_hours > self.config.budget + 1e-9:
             raise BudgetError(
@@ -304,7 +312,7 @@ class OnlineRun:
             market=self._market_log(),
             on_demand_price=float(self.market.on_demand_price),
             forecast=self._forecast(),
-            plan=[allocation_to_dict(a, pools) for a in policy.planned()] or None,
+            plan=([allocation_to_dict(a, pools) for a in policy.planned()] or None) if policy is not None else None,
             allocation=allocation_to_dict(allocation, pools),
             applied=None,
             work_done=float(work_done),
