@@ -31,6 +31,7 @@ from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, MAX_STALEN
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate, write_trace
 from airflow_provider_spotsched.market.trace import Trace, TraceError, load_trace, parse_timestamp
+from airflow_provider_spotsched.runtime.config import TrainConfig
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
 from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Job
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
@@ -274,7 +275,9 @@ def _start_run(
             training_config = _read_json(args.training_config)
             if training_config is None:
                 raise InputError(f"--training-config {args.training_config}: no such file")
-            driver = RunDriver.start(env, config, runtime_command, args.checkpoint_uri, persist, learnt, load)
+            runtime = TrainConfig.from_dict(training_config).runtime
+            driver = RunDriver.start(env, config, lambda uri: runtime_command(uri, runtime=runtime),
+                                     args.checkpoint_uri, persist, learnt, load)
             write_config(driver.training.checkpoint_uri, training_config)
     except (ValueError, TraceError, SelectorStoreError) as exc:  # JobError, BudgetError, a bad pool, policy or state
         raise InputError(str(exc)) from None

@@ -212,8 +212,12 @@ def test_pruning_keeps_the_newest_valid_checkpoints_however_many_newer_are_corru
 def test_from_env_names_what_is_missing_or_wrong(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="SPOTSCHED_CHECKPOINT_URI"):
         SpotCallback.from_env({})
-    with pytest.raises(ValueError, match="local directory"):
+    with pytest.raises(ValueError, match=r"'s3://bucket/job': Install s3fs"):  # not installed here (pyproject: s3)
         SpotCallback.from_env({"SPOTSCHED_CHECKPOINT_URI": "s3://bucket/job"})
+    staged = SpotCallback.from_env({"SPOTSCHED_CHECKPOINT_URI": "memory://bucket/job",
+                                    "SPOTSCHED_STAGING_DIR": str(tmp_path / "staging")})
+    assert staged.mirror is not None and staged.root.parent == tmp_path / "staging"
+    assert staged.checkpoint_uri == "memory://bucket/job"
     with pytest.raises(ConfigError, match="not JSON"):
         SpotCallback.from_env({"SPOTSCHED_CHECKPOINT_URI": str(tmp_path), "SPOTSCHED_CHECKPOINT": "{"})
     with pytest.raises(ConfigError, match="checkpoint.keep"):

@@ -213,9 +213,10 @@ def test_the_default_runtime_is_hf_on_the_shipped_jsonl_and_the_loop_keeps_its_t
 
 @pytest.mark.parametrize(("raw", "uri", "env", "message"), [
     ({"dtype": "fp16"}, "/tmp/ckpt", {}, "dtype 'fp16' needs a GPU .*use dtype 'bf16' or 'fp32' on CPU"),
-    ({}, "/tmp/ckpt", {"WORLD_SIZE": "2"}, "WORLD_SIZE=2: set runtime to 'loop' for a multi-worker job"),
+    ({}, "/tmp/ckpt", {"WORLD_SIZE": "2"}, "WORLD_SIZE=2 without torchrun.*runtime.node"),
     ({}, "/tmp/ckpt", {"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a number of processes"),
-    ({}, "s3://bucket/job", {}, "local .* directory.*set runtime to 'loop' for object-store checkpoints"),
+    ({"batch_size": 4}, "s3://bucket/job", {"WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "job-1"},
+     "batch_size=4 is not a multiple of the world size 3"),
 ])
 def test_what_this_machine_or_launch_cannot_run_is_refused_before_loading(raw, uri, env, message):
     import torch

@@ -120,13 +120,11 @@ def test_the_solver_operator_refuses_its_untemplated_arguments_when_the_dag_is_p
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"max_instances": 2}, r"^max_instances=2, but training_config's runtime 'hf' runs one process per job"),
-    ({"max_instances": 1, "checkpoint_uri": "memory://bucket/job"},
-     r"^checkpoint_uri='memory://bucket/job': training_config's runtime 'hf' checkpoints into a local"),
+    ({"max_instances": 3}, r"^training_config's batch_size=4 is split evenly .* a world size of 3 \(max_instances=3\)"),
 ])
 def test_a_job_the_default_runtime_cannot_run_is_refused_before_anything_launches(tmp_path, overrides, message):
     context = TaskContext(TaskStateStore())
-    op = operator(tmp_path, command=None, training_config={"samples": 160}, **overrides)
+    op = operator(tmp_path, command=None, training_config={"samples": 160, "batch_size": 4}, **overrides)
     with pytest.raises(JobError, match=message):
         op.execute(context)
 

@@ -8,8 +8,11 @@ address (EC2: instance tags through IMDSv2; Compute Engine: instance metadata at
 ``generation``, ``rank``, ``world-size``, ``master-addr``, ``master-port``.
 
 A new ``generation`` stops the running command with SIGTERM (the runtime saves an emergency
-checkpoint and exits 75) and starts it again with the new ``RANK``/``WORLD_SIZE``/``MASTER_*``,
-resuming from the latest checkpoint. When the command exits 0 the job is done: the script records
+checkpoint and exits 75) and starts it again with the new ``RANK``/``WORLD_SIZE``/``MASTER_*`` and
+``SPOTSCHED_GENERATION``, resuming from the latest checkpoint (the default runtime's command is
+elastic torchrun, :mod:`airflow_provider_spotsched.runtime.node`, which meets the generation's
+other instances through c10d at ``MASTER_ADDR:MASTER_PORT``: the instances' security group or
+firewall must let them reach each other on TCP). When the command exits 0 the job is done: the script records
 ``result=done`` on the instance (a tag or label, which the backend's ``status`` reads) and powers
 the instance off, so nothing keeps billing after success. Any other exit but 75 records
 ``result=failed-<code>`` and powers off too. Exit 75 (preemption notice) waits for the next
@@ -171,7 +174,7 @@ while true; do
     if [ -n "$rank" ] && [ -n "$size" ] && [ "$(rendezvous generation || true)" = "$seen" ]; then
       stop_child
       generation=$seen
-      export RANK=$rank WORLD_SIZE=$size
+      export RANK=$rank WORLD_SIZE=$size SPOTSCHED_GENERATION=$generation
       if [ "$size" -gt 1 ]; then export MASTER_ADDR=$addr MASTER_PORT=$port; else unset MASTER_ADDR MASTER_PORT; fi
       echo "spotsched: generation $generation rank $RANK of $WORLD_SIZE" >>"$LOG"
       "${COMMAND[@]}" >>"$LOG" 2>&1 &

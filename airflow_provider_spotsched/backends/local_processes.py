@@ -40,15 +40,25 @@ def is_alive(pid: int | None, started: float | None) -> bool:
 
 
 def signal_group(pid: int, started: float | None, signum: int) -> None:
-    """Send ``signum`` to the process group led by ``pid``, if that process is still ours."""
+    """Send ``signum`` to the process group led by ``pid``, if that process is still ours, and to each of
+    its descendants: torchrun starts its workers in sessions of their own, out of the group's reach."""
     if not is_alive(pid, started):
         return
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
     try:
         os.killpg(pid, signum)
     except ProcessLookupError:
         return
     except PermissionError:
         os.kill(pid, signum)
+    for process in descendants:
+        try:
+            process.send_signal(signum)
+        except psutil.Error:
+            continue
 
 
 def marked(jobdir: str) -> list[psutil.Process]:

@@ -228,6 +228,7 @@ class Supervisor:
             {
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
+                "SPOTSCHED_GENERATION": str(generation),  # the torchrun rendezvous id (runtime/node.py)
                 "SPOTSCHED_NOTICE": f"file://{notice}",
                 "SPOTSCHED_INSTANCE_ID": record.instance_id,
                 JOB_ID_MARKER: self.job.job_id,

@@ -495,25 +495,24 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             return tuple(command)
         if self.training_config is None:
             raise JobError("give training_config (the runtime's CONFIG) or a training command")
-        self._check_runtime_fits(checkpoint_uri)
-        return runtime_command(checkpoint_uri, sys.executable if self.backend == "local" else "python3")
+        runtime = self._check_runtime_fits()
+        return runtime_command(checkpoint_uri, sys.executable if self.backend == "local" else "python3", runtime)
 
-    def _check_runtime_fits(self, checkpoint_uri: str) -> None:
-        """The default runtime (hf) is one process with local checkpoints: refuse a job it cannot run
-        before any instance starts, rather than have every worker exit 2."""
-        from urllib.parse import urlparse
-
+    def _check_runtime_fits(self) -> str:
+        """Refuse a job the default runtime (hf) cannot run before any instance starts, rather than have
+        every worker exit 2; the config's runtime."""
         from airflow_provider_spotsched.runtime.config import TrainConfig
 
-        if TrainConfig.from_dict(self.training_config or {}).runtime != "hf":
-            return
+        config = TrainConfig.from_dict(self.training_config or {})
+        if config.runtime != "hf":
+            return config.runtime
         most = as_count("max_instances", rendered_number("max_instances", self.max_instances, integer=True))
-        if most > 1:
-            raise JobError(f"max_instances={most}, but training_config's runtime 'hf' runs one process per job: "
-                           'set max_instances=1, or "runtime": "loop" in training_config for several workers')
-        if urlparse(checkpoint_uri).scheme not in ("", "file"):
-            raise JobError(f"checkpoint_uri={checkpoint_uri!r}: training_config's runtime 'hf' checkpoints into a local "
-                           'or mounted directory; give a path, or "runtime": "loop" in training_config')
+        uneven = [n for n in range(1, most + 1) if config.batch_size % n]
+        if self.backend == "local" and uneven:  # a local instance is one process: the world size is the count
+            raise JobError(f"training_config's batch_size={config.batch_size} is split evenly across the job's "
+                           f"processes, and a world size of {uneven[0]} (max_instances={most}) does not divide it: choose a "
+                           f"batch_size that 1..{most} all divide, or a smaller max_instances")
+        return config.runtime
 
     def _training_env(self) -> dict[str, str]:
         """The instances' environment: the Hugging Face token's secret reference, where given."""

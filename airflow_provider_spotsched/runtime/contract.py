@@ -135,14 +135,17 @@ def read_finished_at(checkpoint_uri: str, locate: Locate = fsspec.core.url_to_fs
     return read_progress(checkpoint_uri, locate).finished_at
 
 
-def runtime_command(checkpoint_uri: str, python: str = sys.executable) -> tuple[str, ...]:
+def runtime_command(checkpoint_uri: str, python: str = sys.executable, runtime: str = "hf") -> tuple[str, ...]:
     """The runtime's own entry point for a job that checkpoints at ``checkpoint_uri``.
 
     Its config is :data:`CONFIG_FILE` beside the checkpoints (see :func:`write_config`), so every
     instance reads the same one wherever it lands. ``python``: the interpreter on the instance.
+    The default runtime (``hf``) runs under elastic torchrun, a process per GPU
+    (:mod:`.node`); ``loop`` meets its peers itself, one process per instance.
     """
+    launcher = ("-m", "airflow_provider_spotsched.runtime.node", "-m") if runtime == "hf" else ("-m",)
     return (
-        python, "-m", "airflow_provider_spotsched.runtime",
+        python, *launcher, "airflow_provider_spotsched.runtime",
         "--config", f"{checkpoint_uri.rstrip('/')}/{CONFIG_FILE}",
         "--checkpoint-uri", checkpoint_uri,
     )

@@ -14,7 +14,9 @@ the checkpoint URI; during training the callback
 - prints one JSON line per event (``resumed``, ``log``, ``eval``, ``stop``, ``checkpoint``, ``done``);
   the latest eval loss, when the Trainer has an eval set, goes into ``progress.json`` as ``eval_loss``.
 
-At the end it exports the adapter to ``URI/final/`` and reports ``done`` (exit 0). Divergence
+At the end it exports the adapter to ``URI/final/`` and reports ``done`` (exit 0). A checkpoint
+URI in an object store (``s3://``, ``gs://``) is staged on local disk and mirrored, complete
+checkpoints only (:mod:`.hf_mirror`). Divergence
 rollback (:mod:`.guard`) is not part of it: rolling back inside ``Trainer.train`` needs the
 Trainer's data position rewound, which a callback cannot do.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -52,6 +55,7 @@ from airflow_provider_spotsched.runtime.hf_checkpoints import (
     remove_newer_than,
     write_manifest,
 )
+from airflow_provider_spotsched.runtime.hf_mirror import CheckpointMirror, is_remote, staging_directory
 from airflow_provider_spotsched.runtime.hf_sampler import GlobalOrderSampler
 from airflow_provider_spotsched.runtime.interval import CheckpointInterval
 from airflow_provider_spotsched.runtime.preemption import NoticeSource, NoticeWatcher, StopFlag, install_sigterm_handler
@@ -66,12 +70,8 @@ DEFAULT_POLL_S = 1.0
 
 
 def local_directory(checkpoint_uri: str) -> Path:
-    """The directory of a local checkpoint URI; the Trainer writes with ``os``, so no object stores here."""
+    """The directory of a local checkpoint URI (an object store's is staged instead: :mod:`.hf_mirror`)."""
     parsed = urlparse(checkpoint_uri)
-    if parsed.scheme not in ("", "file"):
-        raise ValueError(
-            f"checkpoint URI {checkpoint_uri!r}: SpotCallback checkpoints through the Trainer's output_dir, "
-            "a local directory; give a path (or a mounted bucket's path), not an object-store URL")
     return Path(parsed.path if parsed.scheme == "file" else checkpoint_uri).expanduser()
 
 
@@ -80,12 +80,20 @@ class SpotCallback(TrainerCallback):
 
     def __init__(self, checkpoint_uri: str, checkpoint: CheckpointSettings | None = None,
                  notice: NoticeSource | None = None, notice_poll_s: float = DEFAULT_POLL_S,
-                 emit: Callable[..., None] | None = None, stop: StopFlag | None = None) -> None:
-        """``stop``: a flag the caller's own SIGTERM handler already sets (a stop during start-up counts)."""
+                 emit: Callable[..., None] | None = None, stop: StopFlag | None = None,
+                 staging_dir: Path | None = None) -> None:
+        """``stop``: a flag the caller's own SIGTERM handler already sets (a stop during start-up counts);
+        ``staging_dir``: the local disk for an object-store URI's checkpoints (default: ``$SPOTSCHED_STAGING_DIR``)."""
         if notice_poll_s <= 0:
             raise ValueError(f"notice_poll_s must be > 0, got {notice_poll_s!r}")
-        self.root = local_directory(checkpoint_uri)
-        self.checkpoint_uri = str(self.root)
+        self.mirror: CheckpointMirror | None = None
+        if is_remote(checkpoint_uri):  # the Trainer writes locally; complete checkpoints go up (hf_mirror)
+            self.root = staging_dir or staging_directory(checkpoint_uri, os.environ)
+            self.checkpoint_uri = checkpoint_uri.rstrip("/")
+            self.mirror = CheckpointMirror(self.checkpoint_uri, self.root, warn)
+        else:
+            self.root = local_directory(checkpoint_uri)
+            self.checkpoint_uri = str(self.root)
         self.settings = checkpoint or CheckpointSettings()
         self.interval = CheckpointInterval(self.settings)
         self.notice, self.notice_poll_s = notice, notice_poll_s
@@ -125,7 +133,8 @@ class SpotCallback(TrainerCallback):
             poll = float(env.get(POLL_ENV) or DEFAULT_POLL_S)
         except ValueError:
             raise ValueError(f"${POLL_ENV} must be a number of seconds, got {env.get(POLL_ENV)!r}") from None
-        return cls(uri, CheckpointSettings.from_dict(raw), NoticeSource.from_env(env), poll)
+        staging = staging_directory(uri, env) if is_remote(uri) else None
+        return cls(uri, CheckpointSettings.from_dict(raw), NoticeSource.from_env(env), poll, staging_dir=staging)
 
     @property
     def output_dir(self) -> Path:
@@ -142,13 +151,23 @@ class SpotCallback(TrainerCallback):
         """
         chosen: Path | None = None
         skipped: list[str] = []
+        node_leader = os.environ.get("LOCAL_RANK", "0") == "0"  # the first process of each instance
+        if self.mirror is not None and node_leader:
+            shutil.rmtree(self.output_dir, ignore_errors=True)  # the store holds the truth; stale copies go
         if leader:
-            chosen, skipped = latest_valid(self.output_dir, warn)
-            remove_newer_than(self.output_dir, checkpoint_step(chosen) if chosen else None, warn)
+            if self.mirror is not None:
+                chosen, skipped = self.mirror.fetch_latest_valid(self.output_dir)
+            else:
+                chosen, skipped = latest_valid(self.output_dir, warn)
+                remove_newer_than(self.output_dir, checkpoint_step(chosen) if chosen else None, warn)
         if distributed():
             holder = [str(chosen) if chosen else None]
             dist.broadcast_object_list(holder, src=0)
             chosen = Path(holder[0]) if holder[0] else None
+            if self.mirror is not None and chosen is not None and node_leader and not leader \
+                    and os.environ.get("GROUP_RANK", "0") != "0":  # another instance than the leader's
+                self.mirror.download(self.output_dir, chosen.name)
+            barrier()  # every instance has its copy before any process loads it
         elif not leader:
             raise RuntimeError("a non-zero rank without a torch.distributed process group cannot resume: "
                                "launch the script with torchrun")
@@ -215,6 +234,9 @@ class SpotCallback(TrainerCallback):
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
                            world_size=args.world_size, kind=kind)
             prune(self.output_dir, self.keep, warn)
+            if self.mirror is not None:  # inside the save's time, so the Young/Daly interval counts it
+                self.mirror.upload(directory)
+                self.mirror.prune(self.output_dir, self.keep)
         barrier()  # no rank exits (torchrun would then stop the others) before the checkpoint is complete
         self.checkpointed_step = step
         save_s = now - self._save_requested if self._save_requested is not None else None
@@ -286,7 +308,7 @@ class SpotCallback(TrainerCallback):
         resume = self.resume_checkpoint(leader)
         if resume is not None and self.already_done(trainer.args.max_steps):
             self.emit("done", step=self.checkpointed_step, loss=read_progress(self.checkpoint_uri).loss,
-                      final=str(self.root / FINAL))
+                      final=self.final_uri)
             return EXIT_DONE
         try:
             trainer.train(resume_from_checkpoint=resume)
@@ -296,14 +318,22 @@ class SpotCallback(TrainerCallback):
             return EXIT_PREEMPTED
         if leader:
             trainer.save_model(str(self.root / FINAL))
+            if self.mirror is not None:
+                self.mirror.upload(self.root / FINAL)
         self.write_progress(trainer.args, trainer.state, "done")
-        self.emit("done", step=trainer.state.global_step, loss=self.loss, final=str(self.root / FINAL))
+        self.emit("done", step=trainer.state.global_step, loss=self.loss, final=self.final_uri)
         return EXIT_DONE
+
+    @property
+    def final_uri(self) -> str:
+        """Where the finished adapter is: ``URI/final``."""
+        return f"{self.checkpoint_uri}/{FINAL}" if self.mirror is not None else str(self.root / FINAL)
 
     def already_done(self, max_steps: int) -> bool:
         """Whether a finished job was started again (its last step checkpointed, the model exported, progress
         done): ``Trainer.train`` resumed at ``max_steps`` would train one step more, so it is not called."""
-        return (0 < max_steps <= self.checkpointed_step and (self.root / FINAL).is_dir()
+        exported = self.mirror.has(self.root / FINAL) if self.mirror is not None else (self.root / FINAL).is_dir()
+        return (0 < max_steps <= self.checkpointed_step and exported
                 and read_progress(self.checkpoint_uri).status == "done")
 
 

@@ -8,8 +8,8 @@ every file and writes :data:`MANIFEST` (each file's size and SHA-256) last, atom
 and every file matches it. On resume the newest complete, checksum-valid checkpoint wins;
 newer ones are logged with why they were skipped and removed (the writer that left them has
 exited: a job runs one generation of processes at a time). Pruning keeps the K newest *valid*
-checkpoints, so a corrupt one never pushes the newest valid one out. Only local directories:
-the Trainer writes with ``os``, not fsspec.
+checkpoints, so a corrupt one never pushes the newest valid one out. Local directories: the
+Trainer writes with ``os``, not fsspec; :mod:`.hf_mirror` carries them to and from object stores.
 """
 
 from __future__ import annotations

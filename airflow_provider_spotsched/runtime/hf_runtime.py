@@ -4,8 +4,11 @@
 the builtin tiny GPT-2 unless ``model`` says otherwise), tokenises the data with the loss on the
 answers only (:mod:`.hf_data`), and trains with ``SFTTrainer`` through :class:`.hf_callback.SpotCallback`
 (notices, emergency checkpoint, Young/Daly saves, checksummed ``checkpoint-N/``, ``progress.json``,
-exit 0/75). One process: a job launched with ``WORLD_SIZE`` > 1 is refused (``runtime: loop``
-runs multi-worker jobs).
+exit 0/75). Several processes (instances x GPUs) run it under torchrun
+(:mod:`.node`, which the backends launch): a step takes ``batch_size x gradient_accumulation_steps``
+samples whatever the world size, each process ``batch_size / world size`` of them per micro-batch,
+so the trajectory and the sample order (:class:`.hf_sampler.GlobalOrderSampler`) survive a
+world-size change; the world size must divide ``batch_size``.
 
 ``dtype`` is the compute precision of mixed-precision training (the Trainer's ``bf16``/``fp16``
 autocast; the weights and the adapter stay fp32): bf16 runs on a GPU that supports it and on
@@ -15,6 +18,7 @@ CPU (torch's CPU autocast), fp16 only on a GPU.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +27,7 @@ import torch
 from transformers import PrinterCallback, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from airflow_provider_spotsched.runtime.config import BUILTIN_MODEL, ConfigError, TrainConfig
-from airflow_provider_spotsched.runtime.hf_callback import SpotCallback, local_directory
+from airflow_provider_spotsched.runtime.hf_callback import SpotCallback
 from airflow_provider_spotsched.runtime.hf_data import ensure_chat_template, load_records, record_format, split_eval, tokenize
 from airflow_provider_spotsched.runtime.model import load_model_and_tokenizer, wrap_lora
 from airflow_provider_spotsched.runtime.preemption import NoticeSource, StopFlag
@@ -31,20 +35,14 @@ from airflow_provider_spotsched.runtime.preemption import NoticeSource, StopFlag
 
 def check_launch(config: TrainConfig, checkpoint_uri: str, env: Mapping[str, str]) -> None:
     """Refuse what this machine or launch cannot run, naming the field (before seconds of model loading)."""
-    try:
-        local_directory(checkpoint_uri)
-    except ValueError:
-        raise ConfigError(f"runtime 'hf' checkpoints through the Trainer into a local (or mounted) directory, and "
-                          f"the checkpoint URI is {checkpoint_uri!r}: give a path, or set runtime to 'loop' for "
-                          "object-store checkpoints") from None
-    try:
-        world = int(env.get("WORLD_SIZE") or 1)
-    except ValueError:
-        raise ConfigError(f"WORLD_SIZE={env.get('WORLD_SIZE')!r} is not a number of processes; the launcher sets it "
-                          "(unset it for one process)") from None
-    if world > 1:
-        raise ConfigError(f"runtime 'hf' runs one process per job, and this launch has WORLD_SIZE={world}: "
-                          "set runtime to 'loop' for a multi-worker job, or max_instances to 1")
+    world = world_size(env)
+    if world > 1 and TORCHRUN_MARKER not in env:
+        raise ConfigError(f"WORLD_SIZE={world} without torchrun: runtime 'hf' runs several processes under torchrun; "
+                          "launch it with python -m airflow_provider_spotsched.runtime.node (the backends do)")
+    if config.batch_size % world:
+        raise ConfigError(f"batch_size={config.batch_size} is not a multiple of the world size {world} (instances x "
+                          "processes per instance): each process takes an equal share of the step's batch; choose a "
+                          "batch_size every world size of the job divides")
     cuda = torch.cuda.is_available()
     if config.dtype == "fp16" and not cuda:
         raise ConfigError("dtype 'fp16' needs a GPU (there is no CUDA device here): use dtype 'bf16' or 'fp32' on CPU")
@@ -52,20 +50,36 @@ def check_launch(config: TrainConfig, checkpoint_uri: str, env: Mapping[str, str
         raise ConfigError("dtype 'bf16' is not supported by this GPU: use dtype 'fp16' or 'fp32'")
 
 
+TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"  # set by torchrun for every worker it starts
+
+
+def world_size(env: Mapping[str, str]) -> int:
+    """The job's processes, as torchrun (or nobody: 1) set them."""
+    try:
+        world = int(env.get("WORLD_SIZE") or 1)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={env.get('WORLD_SIZE')!r} is not a number of processes; the launcher sets it "
+                          "(unset it for one process)") from None
+    if world < 1:
+        raise ConfigError(f"WORLD_SIZE={world} must be >= 1")
+    return world
+
+
 def samples_per_step(config: TrainConfig) -> int:
-    """Samples one optimizer step consumes (one process)."""
+    """Samples one optimizer step consumes, across all processes."""
     return config.batch_size * config.gradient_accumulation_steps
 
 
-def training_arguments(config: TrainConfig, output_dir: str, has_eval: bool) -> Any:
+def training_arguments(config: TrainConfig, output_dir: str, has_eval: bool, world: int = 1) -> Any:
     """The ``SFTConfig`` of a job: every setting explicit, TRL's defaults (e.g. checkpointing on) not relied on."""
     from trl import SFTConfig
 
     max_steps = math.ceil(config.samples / samples_per_step(config))
+    per_device = config.batch_size // world
     eval_every = config.eval_every_steps if has_eval else None
     return SFTConfig(
-        output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=config.batch_size,
-        per_device_eval_batch_size=config.batch_size, gradient_accumulation_steps=config.gradient_accumulation_steps,
+        output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=per_device, gradient_accumulation_steps=config.gradient_accumulation_steps,
         learning_rate=config.lr, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
         lr_scheduler_type="linear", warmup_steps=round(config.warmup_fraction * max_steps),
         seed=config.seed, data_seed=config.seed, logging_steps=config.log_every_steps,
@@ -75,17 +89,19 @@ def training_arguments(config: TrainConfig, output_dir: str, has_eval: bool) -> 
         # transformers 5 calls gradient checkpointing activation checkpointing; non-reentrant works with a frozen base
         activation_checkpointing=config.gradient_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+        ddp_find_unused_parameters=False,  # every LoRA parameter takes part in every step
         use_cpu=not torch.cuda.is_available(), report_to="none", disable_tqdm=True, dataloader_num_workers=0,
         max_length=config.seq_len, packing=False, completion_only_loss=True,
     )
 
 
 class Pacing(TrainerCallback):
-    """Holds the job to ``samples_per_second_per_worker`` (an instance of fixed speed, for the demo) and
-    sleeps ``fault_injection.step_sleep_s`` per step; both waits end at once on a stop."""
+    """Holds the job to ``samples_per_second_per_worker`` per process (an instance of fixed speed, for the
+    demo) and sleeps ``fault_injection.step_sleep_s`` per step; both waits end at once on a stop."""
 
-    def __init__(self, config: TrainConfig, stop: StopFlag) -> None:
-        self.rate = config.samples_per_second_per_worker
+    def __init__(self, config: TrainConfig, stop: StopFlag, world: int = 1) -> None:
+        rate = config.samples_per_second_per_worker
+        self.rate = rate * world if rate else None
         self.step_sleep_s = config.fault_injection.step_sleep_s
         self.per_step = samples_per_step(config)
         self.stop = stop
@@ -134,10 +150,11 @@ def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
     held_out = tokenize(evaluation, tokenizer, config.seq_len, config.eval_dataset or config.dataset) \
         if evaluation is not None else None
     model = wrap_lora(base, config.lora, config.model)
-    callbacks: list[TrainerCallback] = [Pacing(config, stop)]
+    world = world_size(os.environ)
+    callbacks: list[TrainerCallback] = [Pacing(config, stop, world)]
     if held_out is not None:
         callbacks.append(EvaluateAtEnd())
-    trainer = SFTTrainer(model=model, args=training_arguments(config, output_dir, held_out is not None),
+    trainer = SFTTrainer(model=model, args=training_arguments(config, output_dir, held_out is not None, world),
                          train_dataset=train, eval_dataset=held_out, processing_class=tokenizer, callbacks=callbacks)
     trainer.remove_callback(PrinterCallback)  # its Python-dict lines would break the JSON-lines stdout
     return trainer

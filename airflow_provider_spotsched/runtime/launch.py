@@ -12,6 +12,8 @@ torchrun's own arguments, runs torchrun's launcher in-process and maps how it en
 - torchrun itself got SIGTERM or SIGINT (the instance is being stopped or preempted): it passes
   the signal to the workers and waits up to 30 s for them (their emergency checkpoint), then 75,
   since the job resumes from its newest valid checkpoint on the next launch;
+- the rendezvous failed or was lost (its host, the first instance, went away): 75, since the backend
+  publishes a new one for the instances that remain;
 - otherwise the first failed worker's exit code (1 where it was a signal), and torchrun's failure
   summary on stderr.
 
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import parse_args, run
 
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_FAILURE, EXIT_PREEMPTED
@@ -58,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if error.sigval in STOP_SIGNALS:
             return EXIT_PREEMPTED
         raise
+    except RendezvousError as error:
+        print(f"spotsched-launch: the rendezvous failed ({type(error).__name__}: {error}); waiting for the next "
+              "one from the backend", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
     return EXIT_DONE
 
 

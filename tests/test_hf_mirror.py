@@ -1,0 +1,99 @@
+"""The object-store mirror of Trainer checkpoints: complete-or-absent in the store, verified on the way down."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fsspec.implementations.local import LocalFileSystem
+
+from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, write_manifest
+from airflow_provider_spotsched.runtime.hf_mirror import CheckpointMirror, is_remote, staging_directory
+
+
+class RecordingFileSystem(LocalFileSystem):
+    """The local filesystem, with the order of the files put into it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.put: list[str] = []
+
+    def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
+        self.put.append(Path(rpath).name)
+        super().put_file(lpath, rpath, **kwargs)
+
+
+def saved(local: Path, step: int, payload: bytes = b"weights") -> Path:
+    """A complete local checkpoint of ``step``, as the callback leaves it after a save."""
+    directory = local / "checkpoints" / f"checkpoint-{step}"
+    directory.mkdir(parents=True)
+    (directory / "adapter_model.safetensors").write_bytes(payload)
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    write_manifest(directory, step=step)
+    return directory
+
+
+def mirror_in(tmp_path: Path) -> tuple[CheckpointMirror, Path, Path, list[str]]:
+    local, store = tmp_path / "staging", tmp_path / "store"
+    log: list[str] = []
+    mirror = CheckpointMirror(f"local://{store}", local, log.append)
+    mirror.fs = RecordingFileSystem()
+    return mirror, local, store, log
+
+
+def test_only_object_store_urls_are_mirrored(tmp_path: Path) -> None:
+    assert is_remote("s3://bucket/run") and is_remote("gs://bucket/run") and is_remote("local:///tmp/x")
+    assert not is_remote("/tmp/run") and not is_remote("file:///tmp/run") and not is_remote("relative/run")
+    one, other = staging_directory("s3://b/run", {"SPOTSCHED_STAGING_DIR": str(tmp_path)}), \
+        staging_directory("s3://b/run2", {"SPOTSCHED_STAGING_DIR": str(tmp_path)})
+    assert one.parent == tmp_path and one != other
+    assert staging_directory("s3://b/run/", {"SPOTSCHED_STAGING_DIR": str(tmp_path)}) == one
+
+
+def test_the_manifest_goes_up_last(tmp_path: Path) -> None:
+    mirror, local, store, _ = mirror_in(tmp_path)
+    mirror.upload(saved(local, 4))
+    assert mirror.fs.put[-1] == MANIFEST and len(mirror.fs.put) == 3  # type: ignore[attr-defined]
+    assert (store / "checkpoints" / "checkpoint-4" / MANIFEST).is_file()
+
+
+def test_an_upload_cut_off_before_its_manifest_is_never_resumed_from(tmp_path: Path) -> None:
+    mirror, local, store, _ = mirror_in(tmp_path)
+    mirror.upload(saved(local, 4))
+    cut = saved(local, 8)
+    (store / "checkpoints" / "checkpoint-8").mkdir(parents=True)
+    (store / "checkpoints" / "checkpoint-8" / "adapter_model.safetensors").write_bytes((cut / "adapter_model.safetensors").read_bytes())
+    fresh = tmp_path / "other-machine"
+    mirror.local_root = fresh
+    chosen, skipped = mirror.fetch_latest_valid(fresh / "checkpoints")
+    assert chosen == fresh / "checkpoints" / "checkpoint-4" and skipped == []
+    assert (chosen / "adapter_model.safetensors").read_bytes() == b"weights"
+
+
+def test_a_corrupt_store_checkpoint_is_skipped_named_and_removed(tmp_path: Path) -> None:
+    mirror, local, store, log = mirror_in(tmp_path)
+    mirror.upload(saved(local, 4))
+    mirror.upload(saved(local, 8))
+    (store / "checkpoints" / "checkpoint-8" / "adapter_model.safetensors").write_bytes(b"bitrot!")
+    chosen, skipped = mirror.fetch_latest_valid(local / "checkpoints")
+    assert chosen is not None and chosen.name == "checkpoint-4"
+    assert skipped and skipped[0].startswith("checkpoint-8: checksum mismatch")
+    assert not (store / "checkpoints" / "checkpoint-8").exists() and "checkpoint-8" in log[0]
+
+
+def test_the_store_keeps_the_newest_complete_checkpoints_and_a_running_upload(tmp_path: Path) -> None:
+    mirror, local, store, _ = mirror_in(tmp_path)
+    for step in (2, 4, 6, 8):
+        mirror.upload(saved(local, step))
+    (store / "checkpoints" / "checkpoint-1").mkdir()  # an old upload that never finished
+    (store / "checkpoints" / "checkpoint-10").mkdir()  # one being uploaded now (no manifest yet)
+    removed = mirror.prune(local / "checkpoints", keep=2)
+    assert sorted(removed) == ["checkpoint-1", "checkpoint-2", "checkpoint-4"]
+    assert sorted(p.name for p in (store / "checkpoints").iterdir()) == ["checkpoint-10", "checkpoint-6", "checkpoint-8"]
+
+
+def test_an_empty_store_has_nothing_to_resume(tmp_path: Path) -> None:
+    mirror, local, _, _ = mirror_in(tmp_path)
+    assert mirror.fetch_latest_valid(local / "checkpoints") == (None, [])
+    assert mirror.prune(local / "checkpoints", keep=1) == []
