@@ -76,7 +76,7 @@ with DAG(
         run_dir = ObjectStoragePath(f"{WORK_ROOT}/{ds}", conn_id="aws_default")
         (run_dir / "train.txt").write_text("\n".join(lines))
         config = {
-            "runtime": "loop",  # plain-text tickets and the divergence guard: the builtin loop
+            "runtime": "loop",  # plain-text tickets: the builtin loop's data
             "samples": EPOCH_SAMPLES,
             "model": "Qwen/Qwen2.5-0.5B",
             "dataset": "/opt/spotsched/train.txt",  # where the command below copies it

@@ -195,8 +195,6 @@ def test_precision_accumulation_and_checkpointing_reach_the_training_arguments(t
     ({"storage_options": ["anon"]}, "storage_options must be a JSON object of fsspec options"),
     ({"runtime": "deepspeed"}, r"runtime must be one of \['hf', 'loop'\]"),
     ({"global_batch_size": 16}, "global_batch_size is a setting of runtime 'loop'.*set runtime to 'loop'"),
-    ({"guard": {"max_rollbacks": 1}}, "guard .* is a setting of runtime 'loop'"),
-    ({"fault_injection": {"nan_loss_at_steps": [2]}}, "nan_loss_at_steps drills the divergence guard"),
     ({"runtime": "loop", "dtype": "bf16"}, "dtype is a setting of runtime 'hf'.*remove dtype, or set runtime to 'hf'"),
     ({"runtime": "loop", "eval_fraction": 0.1}, "eval_fraction is a setting of runtime 'hf'"),
 ])

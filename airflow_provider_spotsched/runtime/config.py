@@ -85,13 +85,6 @@ def _reject_other_runtime(raw: Mapping[str, Any], runtime: str) -> None:
         if raw.get(name, default) != default:
             raise ConfigError(f"{name} is a setting of runtime {other!r}, and this config runs runtime {runtime!r}: "
                               f"remove {name}, or set runtime to {other!r}")
-    if runtime == "hf":
-        if _section(raw, "guard"):
-            raise ConfigError("guard (divergence rollback) is a setting of runtime 'loop': a Trainer callback cannot "
-                              "rewind the data position; remove guard, or set runtime to 'loop'")
-        if _section(raw, "fault_injection").get("nan_loss_at_steps"):
-            raise ConfigError("fault_injection.nan_loss_at_steps drills the divergence guard of runtime 'loop': "
-                              "remove it, or set runtime to 'loop'")
 
 
 @dataclass(frozen=True)

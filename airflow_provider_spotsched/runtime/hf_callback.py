@@ -16,9 +16,11 @@ the checkpoint URI; during training the callback
 
 At the end it exports the adapter to ``URI/final/`` and reports ``done`` (exit 0). A checkpoint
 URI in an object store (``s3://``, ``gs://``) is staged on local disk and mirrored, complete
-checkpoints only (:mod:`.hf_mirror`). Divergence
-rollback (:mod:`.guard`) is not part of it: rolling back inside ``Trainer.train`` needs the
-Trainer's data position rewound, which a callback cannot do.
+checkpoints only (:mod:`.hf_mirror`). With a ``guard`` (:mod:`.guard`; the default runtime always
+gives one) every logged loss is judged, and the loss since the last log before every save: a bad
+one stops ``Trainer.train`` unsaved, and :meth:`SpotCallback.train` resumes it from the newest
+checkpoint (the resume rewinds the data position with it) with the learning rate times
+``lr_backoff``; the rollbacks and the factor are kept in each checkpoint's manifest.
 
 Under torchrun (world size > 1) every rank runs the callback: at each step end the ranks agree,
 by one all-reduce (MAX) of their stop and save-due flags, so a notice seen by any rank stops all
@@ -46,9 +48,11 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer_utils import has_length
 
 from airflow_provider_spotsched.runtime.checkpoint import utc_now
-from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError
+from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError, GuardSettings
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, Progress, read_progress, write_progress
+from airflow_provider_spotsched.runtime.guard import DivergenceError, bad_loss_reason, check_rollback_allowed
 from airflow_provider_spotsched.runtime.hf_checkpoints import (
+    MANIFEST,
     checkpoint_step,
     latest_valid,
     prune,
@@ -67,6 +71,7 @@ URI_ENV = "SPOTSCHED_CHECKPOINT_URI"
 SETTINGS_ENV = "SPOTSCHED_CHECKPOINT"  # JSON object: the runtime config's "checkpoint" section
 POLL_ENV = "SPOTSCHED_NOTICE_POLL_S"
 DEFAULT_POLL_S = 1.0
+LOSS_HISTORY = 200  # the guard's recent good losses kept (its median window is at most this)
 
 
 def local_directory(checkpoint_uri: str) -> Path:
@@ -81,9 +86,10 @@ class SpotCallback(TrainerCallback):
     def __init__(self, checkpoint_uri: str, checkpoint: CheckpointSettings | None = None,
                  notice: NoticeSource | None = None, notice_poll_s: float = DEFAULT_POLL_S,
                  emit: Callable[..., None] | None = None, stop: StopFlag | None = None,
-                 staging_dir: Path | None = None) -> None:
+                 staging_dir: Path | None = None, guard: GuardSettings | None = None) -> None:
         """``stop``: a flag the caller's own SIGTERM handler already sets (a stop during start-up counts);
-        ``staging_dir``: the local disk for an object-store URI's checkpoints (default: ``$SPOTSCHED_STAGING_DIR``)."""
+        ``staging_dir``: the local disk for an object-store URI's checkpoints (default: ``$SPOTSCHED_STAGING_DIR``);
+        ``guard``: roll back to the newest checkpoint on a diverging loss (:mod:`.guard`); None: no guard."""
         if notice_poll_s <= 0:
             raise ValueError(f"notice_poll_s must be > 0, got {notice_poll_s!r}")
         self.mirror: CheckpointMirror | None = None
@@ -111,6 +117,12 @@ class SpotCallback(TrainerCallback):
         self._train_seconds = 0.0
         self._steps_timed = 0
         self._global_batch = 0  # samples per optimizer step, known once training begins
+        self.guard = guard
+        self.losses: list[float] = []  # the guard's recent good losses
+        self.diverged: str | None = None  # why the guard stopped this train() call
+        self.rollbacks = 0
+        self.lr_scale = 1.0  # the learning rate's factor after rollbacks (lr_backoff per rollback)
+        self._lr_factor_due = 1.0  # still to apply to the optimizer and scheduler loaded on resume
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, checkpoint_uri: str | None = None) -> SpotCallback:
@@ -142,12 +154,13 @@ class SpotCallback(TrainerCallback):
 
     # -- resuming ------------------------------------------------------------------------------
 
-    def resume_checkpoint(self, leader: bool = True) -> str | None:
+    def resume_checkpoint(self, leader: bool = True, lr_scale: float | None = None) -> str | None:
         """The newest complete, checksum-valid checkpoint (for ``resume_from_checkpoint``), None if none.
 
         The leader chooses and removes the unusable newer ones, so the Trainer never saves into a
         stale directory; under torchrun the others take its choice (they must not verify files the
-        leader is removing).
+        leader is removing). ``lr_scale``: the learning rate's factor to train on from it (a rollback's);
+        by default the one the checkpoint was saved with.
         """
         chosen: Path | None = None
         skipped: list[str] = []
@@ -173,6 +186,11 @@ class SpotCallback(TrainerCallback):
                                "launch the script with torchrun")
         step = checkpoint_step(chosen) if chosen else None
         self.checkpointed_step = step or 0
+        saved = json.loads((chosen / MANIFEST).read_text()) if chosen else {}
+        self.rollbacks = max(self.rollbacks, int(saved.get("rollbacks", 0)))
+        saved_scale = float(saved.get("lr_scale", 1.0))  # what the checkpoint's scheduler state already has
+        self.lr_scale = saved_scale if lr_scale is None else lr_scale
+        self._lr_factor_due = self.lr_scale / saved_scale
         self.emit("resumed", checkpoint=chosen.name if chosen else None, step=self.checkpointed_step,
                   skipped=skipped)
         return str(chosen) if chosen else None
@@ -191,6 +209,16 @@ class SpotCallback(TrainerCallback):
             self._watcher = NoticeWatcher(self.notice, self.stop, self.notice_poll_s, on_error=warn).start()
         self._global_batch = global_batch(args)
         self._last_save = self._last_step_end = time.monotonic()
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      optimizer: torch.optim.Optimizer | None = None, lr_scheduler: Any = None,
+                      **kwargs: Any) -> None:
+        if self._lr_factor_due != 1.0 and optimizer is not None:  # after a rollback: the loaded lr, backed off
+            for group in optimizer.param_groups:
+                group["lr"] *= self._lr_factor_due
+            if hasattr(lr_scheduler, "base_lrs"):
+                lr_scheduler.base_lrs = [lr * self._lr_factor_due for lr in lr_scheduler.base_lrs]
+            self._lr_factor_due = 1.0
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> TrainerControl:
@@ -213,6 +241,8 @@ class SpotCallback(TrainerCallback):
             control.should_save = True
         if control.should_save:
             self._save_requested = now
+            if self.guard is not None:
+                control.should_log = True  # the guard judges the loss before any state is saved
         return control
 
     def check_notice_window(self, step_s: float) -> None:
@@ -232,7 +262,7 @@ class SpotCallback(TrainerCallback):
         if args.should_save:
             directory = self.output_dir / f"checkpoint-{step}"
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
-                           world_size=args.world_size, kind=kind)
+                           world_size=args.world_size, kind=kind, rollbacks=self.rollbacks, lr_scale=self.lr_scale)
             prune(self.output_dir, self.keep, warn)
             if self.mirror is not None:  # inside the save's time, so the Young/Daly interval counts it
                 self.mirror.upload(directory)
@@ -250,10 +280,17 @@ class SpotCallback(TrainerCallback):
                   interval_s=round(self.interval.seconds, 3))
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-               logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+               logs: dict[str, float] | None = None, **kwargs: Any) -> TrainerControl:
         if logs and "loss" in logs:
             self.loss = float(logs["loss"])
             self.emit("log", step=state.global_step, loss=self.loss)
+            reason = bad_loss_reason(self.loss, self.losses, self.guard) if self.guard is not None else None
+            if reason is not None:  # the same gathered loss on every rank: they all stop here, unsaved
+                self.diverged = reason
+                control.should_save, control.should_training_stop = False, True
+            else:
+                self.losses = [*self.losses, self.loss][-LOSS_HISTORY:]
+        return control
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
@@ -310,10 +347,14 @@ class SpotCallback(TrainerCallback):
             self.emit("done", step=self.checkpointed_step, loss=read_progress(self.checkpoint_uri).loss,
                       final=self.final_uri)
             return EXIT_DONE
-        try:
-            trainer.train(resume_from_checkpoint=resume)
-        finally:
-            self.close()
+        while True:
+            try:
+                trainer.train(resume_from_checkpoint=resume)
+            finally:
+                self.close()
+            if self.diverged is None or self.preempted:
+                break
+            resume = self.roll_back(leader)
         if self.preempted:
             return EXIT_PREEMPTED
         if leader:
@@ -323,6 +364,21 @@ class SpotCallback(TrainerCallback):
         self.write_progress(trainer.args, trainer.state, "done")
         self.emit("done", step=trainer.state.global_step, loss=self.loss, final=self.final_uri)
         return EXIT_DONE
+
+    def roll_back(self, leader: bool) -> str:
+        """After the guard stopped training: the newest checkpoint (every saved state was judged good) and
+        the learning rate times ``lr_backoff``; :class:`.guard.DivergenceError` past ``max_rollbacks``."""
+        assert self.guard is not None and self.diverged is not None
+        reason, self.diverged = self.diverged, None
+        check_rollback_allowed(self.rollbacks, reason, self.guard)
+        resume = self.resume_checkpoint(leader, lr_scale=self.lr_scale * self.guard.lr_backoff)
+        if resume is None:
+            raise DivergenceError(f"training diverged ({reason}) before its first checkpoint: nothing to roll back "
+                                  "to; lower lr or check the data")
+        self.rollbacks += 1
+        self.emit("rollback", reason=reason, checkpoint=Path(resume).name, step=self.checkpointed_step,
+                  lr_scale=self.lr_scale, rollbacks=self.rollbacks)
+        return resume
 
     @property
     def final_uri(self) -> str:

@@ -90,6 +90,7 @@ def training_arguments(config: TrainConfig, output_dir: str, has_eval: bool, wor
         activation_checkpointing=config.gradient_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
         ddp_find_unused_parameters=False,  # every LoRA parameter takes part in every step
+        logging_nan_inf_filter=False,  # a NaN loss is logged as NaN, for the divergence guard to see
         use_cpu=not torch.cuda.is_available(), report_to="none", disable_tqdm=True, dataloader_num_workers=0,
         max_length=config.seq_len, packing=False, completion_only_loss=True,
     )
@@ -123,6 +124,23 @@ class Pacing(TrainerCallback):
                 self.stop.wait(ahead)
 
 
+class PoisonWeights(TrainerCallback):
+    """``fault_injection.nan_loss_at_steps``: NaN into the trainable weights before these steps, once per
+    process, so that the step's loss is NaN and the divergence guard must roll back (a drill)."""
+
+    def __init__(self, steps: tuple[int, ...]) -> None:
+        self.left = set(steps)
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        if state.global_step + 1 in self.left and model is not None:
+            self.left.discard(state.global_step + 1)
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    if parameter.requires_grad:
+                        parameter.fill_(float("nan"))
+
+
 class EvaluateAtEnd(TrainerCallback):
     """An eval at the last step, so that the final ``progress.json`` carries the finished model's eval loss."""
 
@@ -152,6 +170,8 @@ def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
     model = wrap_lora(base, config.lora, config.model)
     world = world_size(os.environ)
     callbacks: list[TrainerCallback] = [Pacing(config, stop, world)]
+    if config.fault_injection.nan_loss_at_steps:
+        callbacks.append(PoisonWeights(config.fault_injection.nan_loss_at_steps))
     if held_out is not None:
         callbacks.append(EvaluateAtEnd())
     trainer = SFTTrainer(model=model, args=training_arguments(config, output_dir, held_out is not None, world),
@@ -163,5 +183,5 @@ def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
 def run(config: TrainConfig, checkpoint_uri: str, stop: StopFlag, notice: NoticeSource | None,
         notice_poll_s: float) -> int:
     """Train the job to the end (0) or to a stop (75); raises on failure."""
-    spot = SpotCallback(checkpoint_uri, config.checkpoint, notice, notice_poll_s, stop=stop)
+    spot = SpotCallback(checkpoint_uri, config.checkpoint, notice, notice_poll_s, stop=stop, guard=config.guard)
     return spot.train(build_trainer(config, str(spot.output_dir), stop))
