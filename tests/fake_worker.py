@@ -43,13 +43,13 @@ def main() -> None:
     steps = 0
     step_s = float(config.get("step_s", 0.05))
 
-    def save(status: str = "running") -> None:
+    def save() -> None:
         if rank == 0:
             tmp = progress_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({
                 "samples_done": done, "samples_total": total, "world_size": world, "step": steps,
                 "loss": 2.0 / (1.0 + done / max(total, 1)), "samples_per_second": world / max(step_s, 1e-6),
-                "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": status,
+                "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }))
             os.replace(tmp, progress_file)
 
@@ -78,7 +78,6 @@ def main() -> None:
     if rank == 0:
         (uri / "final").mkdir(exist_ok=True)
         (uri / "final" / "adapter.txt").write_text(f"{done} samples\n")
-        save("done")
     time.sleep(float(config.get("linger_s", 0.0)))
     emit("done", samples_done=done)
 
