@@ -25,7 +25,7 @@ from airflow_provider_spotsched.runtime.hf_data import (
     tokenize,
     tokenize_messages,
 )
-from airflow_provider_spotsched.runtime.hf_runtime import build_trainer, check_launch, training_arguments
+from airflow_provider_spotsched.runtime.hf_runtime import build_trainer, check_launch, quantization_config, training_arguments
 from airflow_provider_spotsched.runtime.model import load_model_and_tokenizer
 from airflow_provider_spotsched.runtime.preemption import StopFlag
 from tests.runtime_support import environment, run_inline, when_progress
@@ -197,6 +197,8 @@ def test_precision_accumulation_and_checkpointing_reach_the_training_arguments(t
     ({"global_batch_size": 16}, "global_batch_size is a setting of runtime 'loop'.*set runtime to 'loop'"),
     ({"runtime": "loop", "dtype": "bf16"}, "dtype is a setting of runtime 'hf'.*remove dtype, or set runtime to 'hf'"),
     ({"runtime": "loop", "eval_fraction": 0.1}, "eval_fraction is a setting of runtime 'hf'"),
+    ({"quantization": "2bit"}, r"quantization must be one of \['4bit', '8bit'\] or null, got '2bit'"),
+    ({"runtime": "loop", "quantization": "4bit"}, "quantization is a setting of runtime 'hf'"),
 ])
 def test_a_bad_data_or_precision_setting_names_the_field_and_the_fix(raw, message):
     with pytest.raises(ConfigError, match=message):
@@ -211,6 +213,7 @@ def test_the_default_runtime_is_hf_on_the_shipped_jsonl_and_the_loop_keeps_its_t
 
 @pytest.mark.parametrize(("raw", "uri", "env", "message"), [
     ({"dtype": "fp16"}, "/tmp/ckpt", {}, "dtype 'fp16' needs a GPU .*use dtype 'bf16' or 'fp32' on CPU"),
+    ({"quantization": "4bit"}, "/tmp/ckpt", {}, r"quantization '4bit' \(QLoRA\) needs a CUDA GPU"),
     ({}, "/tmp/ckpt", {"WORLD_SIZE": "2"}, "WORLD_SIZE=2 without torchrun.*runtime.node"),
     ({}, "/tmp/ckpt", {"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a number of processes"),
     ({"batch_size": 4}, "s3://bucket/job", {"WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "job-1"},
@@ -219,8 +222,8 @@ def test_the_default_runtime_is_hf_on_the_shipped_jsonl_and_the_loop_keeps_its_t
 def test_what_this_machine_or_launch_cannot_run_is_refused_before_loading(raw, uri, env, message):
     import torch
 
-    if torch.cuda.is_available() and "fp16" in raw.get("dtype", ""):
-        pytest.skip("fp16 runs on a GPU")
+    if torch.cuda.is_available() and ("fp16" in raw.get("dtype", "") or "quantization" in raw):
+        pytest.skip("fp16 and QLoRA run on a GPU")
     with pytest.raises(ConfigError, match=message):
         check_launch(TrainConfig.from_dict({"samples": 8, **raw}), uri, env)
 
@@ -297,3 +300,13 @@ def test_a_notice_on_the_default_runtime_checkpoints_exits_75_and_the_restart_fi
     assert second[0] == {"event": "resumed", "checkpoint": f"checkpoint-{stop['step']}", "step": stop["step"],
                          "skipped": []}
     assert second[-1]["event"] == "done" and read_progress(str(uri)).samples_done == 96
+
+
+def test_qlora_quantizes_the_base_to_nf4_computing_in_the_configured_dtype():
+    import torch
+
+    four = quantization_config(TrainConfig.from_dict({"samples": 8, "quantization": "4bit", "dtype": "bf16"}))
+    assert four.load_in_4bit and four.bnb_4bit_quant_type == "nf4" and four.bnb_4bit_use_double_quant
+    assert four.bnb_4bit_compute_dtype == torch.bfloat16
+    assert quantization_config(TrainConfig.from_dict({"samples": 8, "quantization": "8bit"})).load_in_8bit
+    assert quantization_config(TrainConfig.from_dict({"samples": 8})) is None

@@ -27,10 +27,11 @@ BUILTIN_DATASET = "builtin:synthetic-stories"
 BUILTIN_SFT = "builtin:sft"  # the shipped prompt/response JSONL, the hf runtime's default data
 RUNTIMES = ("hf", "loop")
 DTYPES = ("fp32", "bf16", "fp16")
+QUANTIZATIONS = ("4bit", "8bit")  # QLoRA: the frozen base in bitsandbytes' NF4 (4bit) or int8, on a GPU
 # settings only one runtime implements: (field, its default) -> refused under the other one when changed
 HF_ONLY: dict[str, object] = {"dtype": "fp32", "gradient_checkpointing": False, "gradient_accumulation_steps": 1,
            "eval_dataset": None, "eval_fraction": None, "eval_every_steps": None, "chat_template": None,
-           "storage_options": None}
+           "storage_options": None, "quantization": None}
 LOOP_ONLY: dict[str, object] = {"global_batch_size": None, "micro_batch_size": None, "max_step_seconds": None}
 
 
@@ -214,6 +215,7 @@ class TrainConfig:
     # the hf runtime's data and precision (see docs/runtime.md, "The default runtime")
     dtype: str = "fp32"  # bf16 also on CPU (torch autocast); fp16 only on a GPU
     gradient_checkpointing: bool = False
+    quantization: str | None = None  # QLoRA's quantized base model (QUANTIZATIONS), GPU and bitsandbytes only
     gradient_accumulation_steps: int = 1  # micro-batches of batch_size per optimizer step
     eval_dataset: str | None = None  # a separate eval set, in any format the dataset may have
     eval_fraction: float | None = None  # or this share of the dataset held out (seeded)
@@ -250,6 +252,9 @@ class TrainConfig:
         checkpointing = raw.get("gradient_checkpointing", False)
         if not isinstance(checkpointing, bool):
             raise ConfigError(f"gradient_checkpointing must be true or false, got {checkpointing!r}")
+        quantization = raw.get("quantization")
+        if quantization is not None and quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {list(QUANTIZATIONS)} or null, got {quantization!r}")
         eval_fraction = _number(raw, "eval_fraction", None, minimum=0.0, strict_minimum=True)
         if eval_fraction is not None and eval_fraction >= 1:
             raise ConfigError(f"eval_fraction must be < 1 (the share of the dataset held out), got {eval_fraction!r}")
@@ -292,6 +297,7 @@ class TrainConfig:
             ),
             dtype=dtype,
             gradient_checkpointing=checkpointing,
+            quantization=quantization,
             gradient_accumulation_steps=accumulation,
             eval_dataset=raw.get("eval_dataset"),
             eval_fraction=eval_fraction,

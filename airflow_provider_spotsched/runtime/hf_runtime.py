@@ -17,6 +17,7 @@ CPU (torch's CPU autocast), fp16 only on a GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import time
@@ -48,6 +49,13 @@ def check_launch(config: TrainConfig, checkpoint_uri: str, env: Mapping[str, str
         raise ConfigError("dtype 'fp16' needs a GPU (there is no CUDA device here): use dtype 'bf16' or 'fp32' on CPU")
     if config.dtype == "bf16" and cuda and not torch.cuda.is_bf16_supported():
         raise ConfigError("dtype 'bf16' is not supported by this GPU: use dtype 'fp16' or 'fp32'")
+    if config.quantization is not None:
+        if not cuda:
+            raise ConfigError(f"quantization {config.quantization!r} (QLoRA) needs a CUDA GPU (there is none here): "
+                              "remove quantization to train the base in full precision")
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ConfigError(f"quantization {config.quantization!r} (QLoRA) needs bitsandbytes on the training "
+                              "machine: pip install bitsandbytes, or remove quantization")
 
 
 TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"  # set by torchrun for every worker it starts
@@ -63,6 +71,19 @@ def world_size(env: Mapping[str, str]) -> int:
     if world < 1:
         raise ConfigError(f"WORLD_SIZE={world} must be >= 1")
     return world
+
+
+def quantization_config(config: TrainConfig) -> Any:
+    """QLoRA's ``BitsAndBytesConfig`` (NF4 with double quantization, computing in ``dtype``), None without."""
+    if config.quantization is None:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if config.quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = torch.bfloat16 if config.dtype == "bf16" else torch.float16 if config.dtype == "fp16" else torch.float32
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute)
 
 
 def samples_per_step(config: TrainConfig) -> int:
@@ -156,7 +177,11 @@ def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
     from trl import SFTTrainer
 
     torch.manual_seed(config.seed)  # the LoRA initialisation
-    base, tokenizer = load_model_and_tokenizer(config.model)
+    base, tokenizer = load_model_and_tokenizer(config.model, quantization_config(config))
+    if config.quantization is not None:  # QLoRA: norms in fp32, inputs that need grads for checkpointing
+        from peft import prepare_model_for_kbit_training
+
+        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=config.gradient_checkpointing)
     records = load_records(config.dataset, config.storage_options)
     evaluation = load_records(config.eval_dataset, config.storage_options) if config.eval_dataset else None
     if config.eval_fraction is not None:

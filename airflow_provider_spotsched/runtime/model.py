@@ -90,13 +90,16 @@ def resolve_model(name: str) -> str:
     return name
 
 
-def load_model_and_tokenizer(name: str) -> tuple[torch.nn.Module, Any]:
+def load_model_and_tokenizer(name: str, quantization_config: Any = None) -> tuple[torch.nn.Module, Any]:
+    """The model and its tokenizer; with a ``BitsAndBytesConfig`` the base is quantized onto this process's GPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = resolve_model(name)
+    placement = {} if quantization_config is None else {
+        "quantization_config": quantization_config, "device_map": {"": int(os.environ.get("LOCAL_RANK", "0"))}}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, **placement)
     except OSError as error:
         raise ValueError(
             f"model {name!r} could not be loaded (a local path or a hub name is expected): {error}") from None
