@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from airflow_provider_spotsched.runtime.__main__ import main
 
 # A tiny job of the builtin loop (runtime "loop": multi-worker, divergence guard, object-store
@@ -133,3 +135,12 @@ def when_progress(uri: Path, condition: Callable[[dict[str, Any]], bool], action
 
 def step_losses(events: list[dict[str, Any]]) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in events if e["event"] == "step"}
+
+
+def kill_tree(pid: int, timeout_s: float) -> None:
+    """SIGKILL a process and all its descendants, as a vanished machine would (torchrun starts its
+    workers in sessions of their own, so a process-group kill would miss them)."""
+    processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for process in processes:
+        process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(processes, timeout=timeout_s)

@@ -38,6 +38,7 @@ from safetensors.torch import load_file
 from airflow_provider_spotsched.backends.local_processes import free_port
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED
 from airflow_provider_spotsched.runtime.hf_checkpoints import verify
+from tests.runtime_support import kill_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "docs" / "examples" / "hf_trainer_lora.py"
@@ -91,11 +92,8 @@ class Generation:
         raise AssertionError(f"no worker of rank {rank} under torchrun {self.process.pid}")
 
     def kill(self) -> None:
-        """SIGKILL torchrun and every worker (torchrun starts its workers in sessions of their own)."""
-        processes = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
-        for process in processes:
-            process.send_signal(signal.SIGKILL)
-        psutil.wait_procs(processes, timeout=TIMEOUT_S)
+        """SIGKILL torchrun and every worker."""
+        kill_tree(self.process.pid, TIMEOUT_S)
 
     def finish(self) -> int:
         for _ in self.stream():

@@ -20,6 +20,7 @@ import pytest
 
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_FAILURE
 from airflow_provider_spotsched.runtime.hf_checkpoints import checkpoints, verify
+from airflow_provider_spotsched.runtime.node import BACKEND_RENDEZVOUS
 
 ROOT = Path(__file__).resolve().parent.parent
 NAN_AT = 12
@@ -31,7 +32,7 @@ CONFIG = {"steps": 20, "batch_size": 4, "seq_len": 32, "log_every_steps": 5,
 def train(tmp_path: Path, config: dict[str, Any]) -> tuple[int, list[dict[str, Any]], str]:
     (tmp_path / "config.json").write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPOTSCHED_NOTICE": "none", "OMP_NUM_THREADS": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for name in BACKEND_RENDEZVOUS:
         env.pop(name, None)
     done = subprocess.run([sys.executable, "-m", "airflow_provider_spotsched.runtime", "--config",
                            str(tmp_path / "config.json"), "--checkpoint-uri", str(tmp_path / "job")],

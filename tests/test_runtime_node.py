@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -27,13 +26,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from airflow_provider_spotsched.backends.local_processes import free_port
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, EXIT_USAGE, runtime_command
 from airflow_provider_spotsched.runtime.hf_checkpoints import checkpoints, verify
-from airflow_provider_spotsched.runtime.node import NodeError, torchrun_arguments, worker_environment
+from airflow_provider_spotsched.runtime.node import BACKEND_RENDEZVOUS, NodeError, torchrun_arguments, worker_environment
+from tests.runtime_support import kill_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 36
@@ -110,7 +109,7 @@ class Instance:
         if world > 1:
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         if world == 0:  # the reference: a plain process, as if no backend had launched it
-            for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+            for name in BACKEND_RENDEZVOUS:
                 env.pop(name, None)
         command = ([sys.executable, "-m", "airflow_provider_spotsched.runtime"] if world == 0 else
                    [sys.executable, "-m", "airflow_provider_spotsched.runtime.node", "-m",
@@ -125,11 +124,8 @@ class Instance:
         return self.process.wait(TIMEOUT_S)
 
     def kill(self) -> None:
-        """The instance vanishes: SIGKILL the launcher and every worker (torchrun's are in sessions of their own)."""
-        processes = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
-        for process in processes:
-            process.send_signal(signal.SIGKILL)
-        psutil.wait_procs(processes, timeout=TIMEOUT_S)
+        """The instance vanishes: its launcher and every worker."""
+        kill_tree(self.process.pid, TIMEOUT_S)
 
     def output(self) -> str:
         return self.log.read_text()

@@ -6,10 +6,11 @@ measured progress (:mod:`airflow_provider_spotsched.scheduling.throughput_estima
 type (the runtime-only install is enough): it trains the job's own config for ``--steps`` steps
 on every GPU of the machine, through the same node launcher the backends use, in a scratch
 checkpoint directory, and prints what the runtime measured (``samples_per_second`` in
-``progress.json``: optimizer steps only, checkpoint saves excluded) as JSON::
+``progress.json``: optimizer steps only, checkpoint saves excluded) as JSON; here the demo's paced
+CPU instance (``samples_per_second_per_worker: 20``, ``batch_size: 4``, ``seq_len: 32``)::
 
-    python -m airflow_provider_spotsched.runtime.calibrate --config CONFIG.json --steps 30
-    {"samples_per_second": 41.2, "processes": 8, "steps": 30, "throughput": {"alpha": 148320.0, "beta": 0.0}}
+    python -m airflow_provider_spotsched.runtime.calibrate --config CONFIG.json --steps 12
+    {"samples_per_second": 20.0, "processes": 1, "steps": 12, "throughput": {"alpha": 72000.0, "beta": 0.0}}
 
 One instance gives ``alpha``; ``beta`` (what several instances lose to communication) stays 0 and
 is left to the online estimate. The first steps carry warm-up (CUDA context, kernel selection),
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_spotsched.runtime.contract import EXIT_FAILURE, EXIT_USAGE, read_progress, runtime_command
+from airflow_provider_spotsched.runtime.node import BACKEND_RENDEZVOUS
 
 SECONDS_PER_HOUR = 3600.0
 NO_PERIODIC_SAVES = {"min_interval_s": 1e9, "max_interval_s": 1e9}  # only the last step's save
@@ -67,7 +69,7 @@ def calibrate(config: Mapping[str, Any], steps: int, workdir: Path, env: Mapping
     command = list(runtime_command(checkpoint_uri, sys.executable, str(config.get("runtime", "hf"))))
     command[command.index("--config") + 1] = str(config_path)
     launch_env = {name: value for name, value in (os.environ if env is None else env).items()
-                  if name not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+                  if name not in BACKEND_RENDEZVOUS}  # one instance, alone
     launch_env["SPOTSCHED_NOTICE"] = "none"
     done = subprocess.run(command, env=launch_env, capture_output=True, text=True, timeout=timeout_s)
     progress = read_progress(checkpoint_uri)
