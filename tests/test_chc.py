@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
-from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy, supply_curve
+from airflow_provider_spotsched.scheduling.policies.chc import DEFAULT_EARLY_PREFERENCE, CHCPolicy, supply_curve
 from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 from airflow_provider_spotsched.scheduling.rules import is_deadline_safe
@@ -62,12 +62,34 @@ def test_decisions_fit_the_market_and_are_deadline_safe(request, trace_name, for
 def test_perfect_forecast_over_the_whole_horizon_matches_the_optimum(request, trace_name, days, commit):
     # No overhead and no value after d: the optimum then never leaves the deadline-safe region,
     # so CHC (which must stay in it) can reach it, and re-planning on the truth keeps it there.
+    # Without the tie-break CHC plans on the forecast as it is; with it, later spot is planned
+    # dearer by at most early_preference per slot, so the plan pays at most that share more.
     trace = request.getfixturevalue(f"{trace_name}_trace")
     job, market = trace_case(trace, n_max=4, hours=10.0, slack=1.5, overhead=0.0, days=days, gamma=1.0)
     optimal = simulate(make_policy("optimal"), job, market).outcome
-    policy = make_policy("chc", {"window": job.horizon_slots, "commit": commit, "forecaster": "oracle"})
-    chc = simulate(policy, job, market).outcome
-    assert chc.utility == pytest.approx(optimal.utility, abs=1e-6)
+    params = {"window": job.horizon_slots, "commit": commit, "forecaster": "oracle"}
+    exact = simulate(make_policy("chc", {**params, "early_preference": 0.0}), job, market).outcome
+    assert exact.utility == pytest.approx(optimal.utility, abs=1e-6)
+    tie_broken = simulate(make_policy("chc", params), job, market).outcome
+    ramp = DEFAULT_EARLY_PREFERENCE * job.horizon_slots
+    assert optimal.utility - ramp * optimal.cost - 1e-6 <= tie_broken.utility <= optimal.utility + 1e-6
+
+
+@pytest.mark.parametrize("window", [4, 10])
+def test_at_equal_forecast_cost_spot_work_runs_now(window):
+    # Two pools at one flat price, twice the slack the job needs: every schedule on spot costs
+    # the same under persistence. The tie-break runs both instances from slot 0 (done in 4 h,
+    # leaving 12 h of slack for surprises); planned on the forecast as it is, the plan takes
+    # one instance and spends the slack.
+    market = make_market([[1.0, 1.0]] * 30, [[1, 1]] * 30)
+    job = make_job(work=8.0, deadline_hours=16.0, max_instances=2)
+    params = {"window": window, "commit": 1, "forecaster": "persistence"}
+    early = simulate(make_policy("chc", params), job, whole(market))
+    assert [a.total for a in early.allocations] == [2, 2, 2, 2]
+    assert early.outcome.cost == pytest.approx(8.0)
+    flat = simulate(make_policy("chc", {**params, "early_preference": 0.0}), job, whole(market))
+    assert flat.outcome.cost == pytest.approx(8.0)
+    assert flat.outcome.completion_hours > early.outcome.completion_hours
 
 
 def test_a_broken_commitment_is_replanned_at_once():
@@ -94,6 +116,7 @@ def test_params_and_label():
         "window": 12, "commit": 2, "forecaster": "oracle", "error": 0.1, "seed": 3, "terminal_price": 1.5
     }
     assert CHCPolicy().label == "chc(window=24,commit=4,forecaster=seasonal-naive,terminal_price=marginal)"
+    assert CHCPolicy(early_preference=0.0).params()["early_preference"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -104,6 +127,9 @@ def test_params_and_label():
         ({"terminal_price": "cheap"}, "terminal_price"),
         ({"terminal_price": -1.0}, "terminal_price"),
         ({"forecaster": "persistence", "error": 0.1}, "oracle"),
+        ({"early_preference": -0.001}, "early_preference"),
+        ({"early_preference": 0.5}, "early_preference"),
+        ({"early_preference": True}, "early_preference"),
     ],
 )
 def test_invalid_parameters_name_the_fix(params, message):

@@ -39,6 +39,10 @@ from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, fits, is_deadline_safe, on_demand_fallback
 
 TERMINAL_PRICES = ("marginal", "on-demand")
+DEFAULT_EARLY_PREFERENCE = 0.001
+"""Per slot, the share by which a window's spot prices rise with lead time in the plan (and the
+terminal price of work deferred past the window, when spot prices it): a tie-break, far below
+real price differences, so that at equal forecast cost spot work runs now rather than later."""
 UNCERTAINTY = ("none", "quantile")
 
 
@@ -57,6 +61,7 @@ class CHCPolicy(Policy):
         terminal_price: str | float = "marginal",
         uncertainty: str = "none",
         level: float | None = None,
+        early_preference: float = DEFAULT_EARLY_PREFERENCE,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
             raise ValueError(f"window must be an integer >= 1 (slots planned ahead), got {window!r}")
@@ -92,7 +97,13 @@ class CHCPolicy(Policy):
                 )
         elif level is not None:
             raise ValueError(f"level applies to uncertainty='quantile' only; drop it for uncertainty={uncertainty!r}")
+        if isinstance(early_preference, bool) or not isinstance(early_preference, (int, float)) or not 0 <= early_preference < 0.1:
+            raise ValueError(
+                "early_preference must be a number in [0, 0.1) (the share per slot by which later spot is "
+                f"planned dearer, a tie-break; 0 plans on the forecast as it is), got {early_preference!r}"
+            )
         params = {"error": error, "seed": seed} if forecaster == "oracle" else {}
+        self.early_preference = float(early_preference)
         self.uncertainty, self.level = uncertainty, level
         self.window, self.commit = int(window), int(commit)
         self.terminal_price = terminal_price
@@ -111,6 +122,8 @@ class CHCPolicy(Policy):
         params["terminal_price"] = self.terminal_price
         if self.uncertainty != "none":
             params.update(uncertainty=self.uncertainty, level=self.level)
+        if self.early_preference != DEFAULT_EARLY_PREFERENCE:
+            params["early_preference"] = self.early_preference
         return params
 
     def reset(self, job: Job) -> None:
@@ -160,15 +173,16 @@ class CHCPolicy(Policy):
         # Every decision is deadline-safe, so the job always earns its full value: short of the
         # horizon the window only trades cost now against the terminal price of work left, and a
         # value credited to in-window completions alone would buy completion at any price.
+        ramp = 1.0 + self.early_preference * np.arange(width + 1)
         request = PlanRequest(
             job=job if reaches_horizon else replace(job, value=0.0),
             start_hours=observation.hours,
             work_done=observation.work_done,
             previous=observation.previous,
-            spot_price=price[:width],
+            spot_price=price[:width] * ramp[:width, None],
             available=available[:width],
             on_demand_price=observation.on_demand_price,
-            terminal_cost_per_work=None if reaches_horizon else self._terminal(observation, price, available),
+            terminal_cost_per_work=None if reaches_horizon else self._ramped_terminal(observation, price, available, ramp[width]),
             deadline_safe_end=not reaches_horizon,
             deadline_safe=True,
         )
@@ -194,6 +208,15 @@ class CHCPolicy(Policy):
                 price[1:] = np.maximum(price[1:], forecast.spot_price_at_level(self.level))
             available = np.vstack([available, ahead])
         return price, available, point
+
+    def _ramped_terminal(self, observation: Observation, price: np.ndarray, available: np.ndarray, ramp: float) -> float:
+        """The terminal price, raised by the window's last ``ramp`` where spot sets it: deferring
+        spot work past the window is then no cheaper than running it inside; on-demand work is
+        never preferred early (waiting keeps the chance that spot comes back)."""
+        job = observation.job
+        terminal = self._terminal(observation, price, available)
+        on_demand = job.max_instances * observation.on_demand_price / job.rate(job.max_instances)
+        return terminal * ramp if terminal < on_demand * (1 - 1e-9) else terminal
 
     def _terminal(self, observation: Observation, price: np.ndarray, available: np.ndarray) -> float:
         """USD per unit of work left after the window (see ``docs/policies-optimal-chc.md``).
