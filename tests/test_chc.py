@@ -119,6 +119,36 @@ def test_params_and_label():
     assert CHCPolicy(early_preference=0.0).params()["early_preference"] == 0.0
 
 
+@pytest.mark.parametrize("window", [4, 24])
+def test_on_demand_waits_while_the_job_keeps_pace(window):
+    # Spot vanishes for slots 4-6 with the job ahead of the line L*t/d: persistence says it never
+    # comes back, and every on-demand schedule then costs the same. CHC pauses instead of buying
+    # on-demand now, and resumes on spot when it returns, still on time.
+    market = make_market([[1.0]] * 30, [[1]] * 4 + [[0]] * 3 + [[1]] * 23)
+    job = make_job(work=8.0, deadline_hours=16.0, max_instances=1)
+    params = {"window": window, "commit": 1, "forecaster": "persistence"}
+    waited = simulate(make_policy("chc", params), job, whole(market))
+    assert [a.total for a in waited.allocations[4:7]] == [0, 0, 0]
+    assert not any(a.on_demand for a in waited.allocations)
+    assert waited.outcome.cost == pytest.approx(8.0) and not waited.outcome.soft_miss
+    eager = simulate(make_policy("chc", {**params, "defer_on_demand": False}), job, whole(market))
+    assert [a.on_demand for a in eager.allocations[4:7]] == [1, 1, 1]
+    assert eager.outcome.cost == pytest.approx(14.0)
+
+
+def test_on_demand_still_runs_when_the_job_falls_behind():
+    # No spot at all: the job can keep pace only on on-demand, so it does not wait, and it meets
+    # the deadline.
+    market = make_market([[1.0]] * 30, [[0]] * 30)
+    job = make_job(work=8.0, deadline_hours=10.0, max_instances=1)
+    result = simulate(make_policy("chc", {"window": 6, "commit": 1, "forecaster": "persistence"}), job, whole(market))
+    assert not result.outcome.soft_miss
+    done = 0.0
+    for t, allocation in enumerate(result.allocations):
+        done += allocation.total
+        assert done >= min(8.0 * t / 10.0, 8.0) - 1e-9  # never a slot behind the line
+
+
 @pytest.mark.parametrize(
     "params, message",
     [
@@ -130,6 +160,7 @@ def test_params_and_label():
         ({"early_preference": -0.001}, "early_preference"),
         ({"early_preference": 0.5}, "early_preference"),
         ({"early_preference": True}, "early_preference"),
+        ({"defer_on_demand": "yes"}, "defer_on_demand"),
     ],
 )
 def test_invalid_parameters_name_the_fix(params, message):

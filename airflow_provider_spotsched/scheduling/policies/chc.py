@@ -16,7 +16,10 @@ the forecast is unsure of is kept in reserve (planned on on-demand, or not defer
 reserve grows with the forecast's uncertainty and vanishes where it is certain; the planner stays
 the exact one. A committed slot that held spot in reserve is re-planned when the market offers
 more than it counted on, so that a cautious plan never buys on-demand next to spot it merely
-doubted. Reality overrides the plan: a committed allocation that exceeds what the
+doubted. On-demand waits while the job keeps pace: a planned slot's on-demand instances are
+dropped (and the rest re-planned next slot) while its spot alone keeps the job on Uniform
+Progress's line and deadline-safe with a slot to spare, since on-demand costs the same later and
+waiting keeps the chance that spot comes back. Reality overrides the plan: a committed allocation that exceeds what the
 market offers now triggers a re-plan on the spot, and every decision passes
 :func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` or becomes the on-demand
 fallback.
@@ -35,8 +38,16 @@ from airflow_provider_spotsched.forecast.base import Forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
 from airflow_provider_spotsched.scheduling.planner import PlanError, PlanRequest, solve_plan
+from airflow_provider_spotsched.scheduling.policies.uniform_progress import expected_progress
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, fits, is_deadline_safe, on_demand_fallback
+from airflow_provider_spotsched.scheduling.rules import (
+    cheapest_allocation,
+    fits,
+    is_deadline_safe,
+    on_demand_fallback,
+    slot_progress,
+    spot_only,
+)
 
 TERMINAL_PRICES = ("marginal", "on-demand")
 DEFAULT_EARLY_PREFERENCE = 0.001
@@ -62,6 +73,7 @@ class CHCPolicy(Policy):
         uncertainty: str = "none",
         level: float | None = None,
         early_preference: float = DEFAULT_EARLY_PREFERENCE,
+        defer_on_demand: bool = True,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
             raise ValueError(f"window must be an integer >= 1 (slots planned ahead), got {window!r}")
@@ -102,7 +114,10 @@ class CHCPolicy(Policy):
                 "early_preference must be a number in [0, 0.1) (the share per slot by which later spot is "
                 f"planned dearer, a tie-break; 0 plans on the forecast as it is), got {early_preference!r}"
             )
+        if not isinstance(defer_on_demand, bool):
+            raise ValueError(f"defer_on_demand must be true or false, got {defer_on_demand!r}")
         params = {"error": error, "seed": seed} if forecaster == "oracle" else {}
+        self.defer_on_demand = defer_on_demand
         self.early_preference = float(early_preference)
         self.uncertainty, self.level = uncertainty, level
         self.window, self.commit = int(window), int(commit)
@@ -124,6 +139,8 @@ class CHCPolicy(Policy):
             params.update(uncertainty=self.uncertainty, level=self.level)
         if self.early_preference != DEFAULT_EARLY_PREFERENCE:
             params["early_preference"] = self.early_preference
+        if not self.defer_on_demand:
+            params["defer_on_demand"] = False
         return params
 
     def reset(self, job: Job) -> None:
@@ -144,10 +161,22 @@ class CHCPolicy(Policy):
             self._committed, self._counted = self._plan(observation)
         choice = self._committed.pop(0)
         self._counted.pop(0)
+        if self.defer_on_demand and choice.on_demand and self._can_wait(observation, choice):
+            self._committed, self._counted = [], []
+            choice = spot_only(choice, job)
         if not is_deadline_safe(job, observation, choice):
             self._committed, self._counted = [], []
             return on_demand_fallback(job, observation.past.num_pools)
         return choice
+
+    def _can_wait(self, observation: Observation, choice: Allocation) -> bool:
+        """Whether ``choice`` without its on-demand instances keeps the job on Uniform Progress's
+        line L*t/d at the slot's end and deadline-safe with a slot to spare."""
+        job = observation.job
+        spot = spot_only(choice, job)
+        after = observation.work_done + slot_progress(job, spot, observation.previous)
+        on_line = after >= expected_progress(job, observation.hours + job.slot_hours) - WORK_EPSILON
+        return on_line and is_deadline_safe(job, observation, spot, margin_hours=job.slot_hours)
 
     def _plan(self, observation: Observation) -> tuple[list[Allocation], list[np.ndarray]]:
         """Solve the window from now: the committed allocations and the capacity each counted on."""
