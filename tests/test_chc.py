@@ -117,6 +117,8 @@ def test_params_and_label():
     }
     assert CHCPolicy().label == "chc(window=24,commit=4,forecaster=seasonal-naive,terminal_price=marginal)"
     assert CHCPolicy(early_preference=0.0).params()["early_preference"] == 0.0
+    assert CHCPolicy(forecaster="persistence").defer_on_demand and not CHCPolicy(forecaster="oracle").defer_on_demand
+    assert CHCPolicy(forecaster="oracle", defer_on_demand=True).params()["defer_on_demand"] is True
 
 
 @pytest.mark.parametrize("window", [4, 24])

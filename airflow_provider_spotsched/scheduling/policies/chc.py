@@ -73,7 +73,7 @@ class CHCPolicy(Policy):
         uncertainty: str = "none",
         level: float | None = None,
         early_preference: float = DEFAULT_EARLY_PREFERENCE,
-        defer_on_demand: bool = True,
+        defer_on_demand: bool | None = None,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
             raise ValueError(f"window must be an integer >= 1 (slots planned ahead), got {window!r}")
@@ -114,10 +114,11 @@ class CHCPolicy(Policy):
                 "early_preference must be a number in [0, 0.1) (the share per slot by which later spot is "
                 f"planned dearer, a tie-break; 0 plans on the forecast as it is), got {early_preference!r}"
             )
-        if not isinstance(defer_on_demand, bool):
-            raise ValueError(f"defer_on_demand must be true or false, got {defer_on_demand!r}")
+        if defer_on_demand is not None and not isinstance(defer_on_demand, bool):
+            raise ValueError(
+                f"defer_on_demand must be true, false or null (true unless the forecaster is the oracle), got {defer_on_demand!r}"
+            )
         params = {"error": error, "seed": seed} if forecaster == "oracle" else {}
-        self.defer_on_demand = defer_on_demand
         self.early_preference = float(early_preference)
         self.uncertainty, self.level = uncertainty, level
         self.window, self.commit = int(window), int(commit)
@@ -125,6 +126,9 @@ class CHCPolicy(Policy):
         self.forecaster_name = forecaster
         self.forecaster: Forecaster = make_forecaster(forecaster, params)
         self.uses_future = self.forecaster.uses_future
+        # Waiting for spot to come back is a hedge against the forecast; the oracle's is the truth.
+        self.defer_on_demand = not self.uses_future if defer_on_demand is None else defer_on_demand
+        self._defer_default = defer_on_demand is None
         self._committed: list[Allocation] = []
         # Per committed slot and pool: the spot capacity counted on where some was held in
         # reserve, else inf (nothing held back, so more spot is no news).
@@ -139,8 +143,8 @@ class CHCPolicy(Policy):
             params.update(uncertainty=self.uncertainty, level=self.level)
         if self.early_preference != DEFAULT_EARLY_PREFERENCE:
             params["early_preference"] = self.early_preference
-        if not self.defer_on_demand:
-            params["defer_on_demand"] = False
+        if not self._defer_default:
+            params["defer_on_demand"] = self.defer_on_demand
         return params
 
     def reset(self, job: Job) -> None:
