@@ -16,11 +16,11 @@ the forecast is unsure of is kept in reserve (planned on on-demand, or not defer
 reserve grows with the forecast's uncertainty and vanishes where it is certain; the planner stays
 the exact one. A committed slot that held spot in reserve is re-planned when the market offers
 more than it counted on, so that a cautious plan never buys on-demand next to spot it merely
-doubted. On-demand waits while the job keeps pace: a planned slot's on-demand instances are
-dropped (and the rest re-planned next slot) while its spot alone keeps the job on Uniform
-Progress's line and deadline-safe with a slot to spare, since on-demand costs the same later and
-waiting keeps the chance that spot comes back. Reality overrides the plan: a committed allocation that exceeds what the
-market offers now triggers a re-plan on the spot, and every decision passes
+doubted. Ties in the plan go to spot now (``early_preference``), and on-demand waits while the
+job keeps pace (``defer_on_demand``): a planned slot's on-demand instances are dropped, and the
+rest re-planned next slot, while its spot alone keeps the job on Uniform Progress's line and
+deadline-safe with a slot to spare. Reality overrides the plan: a committed allocation that
+exceeds what the market offers now triggers a re-plan on the spot, and every decision passes
 :func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` or becomes the on-demand
 fallback.
 """
@@ -243,9 +243,9 @@ class CHCPolicy(Policy):
         return price, available, point
 
     def _ramped_terminal(self, observation: Observation, price: np.ndarray, available: np.ndarray, ramp: float) -> float:
-        """The terminal price, raised by the window's last ``ramp`` where spot sets it: deferring
-        spot work past the window is then no cheaper than running it inside; on-demand work is
-        never preferred early (waiting keeps the chance that spot comes back)."""
+        """The terminal price, raised by the window's last ``ramp`` where spot sets it, so that
+        deferring spot work past the window is no cheaper than running it inside; an on-demand
+        terminal price is left as it is (on-demand now is never made to look cheaper than later)."""
         job = observation.job
         terminal = self._terminal(observation, price, available)
         on_demand = job.max_instances * observation.on_demand_price / job.rate(job.max_instances)
