@@ -48,3 +48,16 @@ def test_the_builtin_model_is_built_once_into_the_cache(tmp_path):
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in name for name in trainable)
     assert {name.split(".")[-4] for name in trainable} == {"c_attn", "c_proj", "c_fc"}
+
+
+def test_an_incomplete_cached_build_is_replaced(tmp_path):
+    # A cache damaged outside the build (here: the model files gone, the tokenizer left) is not
+    # taken for a build, nor left in the way of one.
+    with environment(SPOTSCHED_CACHE_DIR=str(tmp_path)):
+        directory = tiny_gpt2_dir()
+        directory.mkdir(parents=True)
+        (directory / "tokenizer.json").write_text("{}")
+        source = resolve_model("builtin:tiny-gpt2")
+    assert source == str(directory)
+    assert AutoModelForCausalLM.from_pretrained(directory).config.n_layer == TINY_GPT2["n_layer"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [directory.name]  # nothing moved aside is left

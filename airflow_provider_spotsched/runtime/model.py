@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -32,6 +33,10 @@ TINY_GPT2 = {"vocab_size": 2000, "n_layer": 2, "n_embd": 128, "n_head": 4, "n_po
 EOS = "<|endoftext|>"
 # Every linear layer of GPT-2 (peft's own GPT-2 default is c_attn only, too little for a tiny model).
 TINY_GPT2_LORA_TARGETS = ("c_attn", "c_proj", "c_fc")
+# What a usable cached build holds; a directory missing any of them is rebuilt.
+TINY_GPT2_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+logger = logging.getLogger(__name__)
 
 
 def cache_root() -> Path:
@@ -45,8 +50,17 @@ def tiny_gpt2_dir(root: Path | None = None) -> Path:
     return (root or cache_root()) / f"tiny-gpt2-{digest.hexdigest()[:12]}"
 
 
+def is_complete(directory: Path) -> bool:
+    """Whether ``directory`` holds every file of a builtin-model build."""
+    return all((directory / name).is_file() for name in TINY_GPT2_FILES)
+
+
 def build_tiny_gpt2(directory: Path) -> None:
-    """Train the tokenizer and save the seeded model into ``directory`` (atomically: temp + rename)."""
+    """Train the tokenizer and save the seeded model into ``directory`` (atomically: temp + rename).
+
+    A concurrent worker that installed a complete build first wins; an incomplete directory in
+    the way (a cache damaged outside this code) is moved aside and replaced.
+    """
     from tokenizers import ByteLevelBPETokenizer
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
@@ -69,20 +83,42 @@ def build_tiny_gpt2(directory: Path) -> None:
             model = GPT2LMHeadModel(config)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        try:
-            os.rename(staging, directory)
-        except OSError:
-            if not (directory / "config.json").is_file():
-                raise  # not a lost race with another worker: a real failure
+        missing = [name for name in TINY_GPT2_FILES if not (staging / name).is_file()]
+        if missing:
+            raise RuntimeError(f"building the builtin model left {missing} out of {staging}")
+        _install(staging, directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _install(staging: Path, directory: Path) -> None:
+    """Rename ``staging`` to ``directory``, unless a complete build is already there."""
+    try:
+        os.rename(staging, directory)
+        return
+    except OSError:
+        if is_complete(directory):
+            return  # lost a race with another worker
+    aside = Path(tempfile.mkdtemp(prefix=f".{directory.name}.broken-", dir=directory.parent))
+    logger.warning("the cached builtin model %s is incomplete; replacing it", directory)
+    try:
+        os.replace(directory, aside / directory.name)
+    except FileNotFoundError:
+        pass  # another worker moved it first
+    try:
+        os.rename(staging, directory)
+    except OSError:
+        if not is_complete(directory):
+            raise  # not a lost race with another worker: a real failure
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def resolve_model(name: str) -> str:
     """A path or hub name ``from_pretrained`` accepts; builds the builtin model on first use."""
     if name == BUILTIN_MODEL:
         directory = tiny_gpt2_dir()
-        if not (directory / "config.json").is_file():
+        if not is_complete(directory):
             build_tiny_gpt2(directory)
         return str(directory)
     if name.startswith("builtin:"):
