@@ -165,22 +165,23 @@ class CHCPolicy(Policy):
             self._committed, self._counted = self._plan(observation)
         choice = self._committed.pop(0)
         self._counted.pop(0)
-        if self.defer_on_demand and choice.on_demand and self._can_wait(observation, choice):
+        waiting = self._waiting(observation, choice) if self.defer_on_demand and choice.on_demand else None
+        if waiting is not None:
             self._committed, self._counted = [], []
-            choice = spot_only(choice, job)
+            choice = waiting
         if not is_deadline_safe(job, observation, choice):
             self._committed, self._counted = [], []
             return on_demand_fallback(job, observation.past.num_pools)
         return choice
 
-    def _can_wait(self, observation: Observation, choice: Allocation) -> bool:
-        """Whether ``choice`` without its on-demand instances keeps the job on Uniform Progress's
-        line L*t/d at the slot's end and deadline-safe with a slot to spare."""
+    def _waiting(self, observation: Observation, choice: Allocation) -> Allocation | None:
+        """``choice`` without its on-demand instances, if that keeps the job on Uniform Progress's
+        line L*t/d at the slot's end and deadline-safe with a slot to spare; else None."""
         job = observation.job
         spot = spot_only(choice, job)
         after = observation.work_done + slot_progress(job, spot, observation.previous)
         on_line = after >= expected_progress(job, observation.hours + job.slot_hours) - WORK_EPSILON
-        return on_line and is_deadline_safe(job, observation, spot, margin_hours=job.slot_hours)
+        return spot if on_line and is_deadline_safe(job, observation, spot, margin_hours=job.slot_hours) else None
 
     def _plan(self, observation: Observation) -> tuple[list[Allocation], list[np.ndarray]]:
         """Solve the window from now: the committed allocations and the capacity each counted on."""
@@ -246,9 +247,8 @@ class CHCPolicy(Policy):
         """The terminal price, raised by the window's last ``ramp`` where spot sets it, so that
         deferring spot work past the window is no cheaper than running it inside; an on-demand
         terminal price is left as it is (on-demand now is never made to look cheaper than later)."""
-        job = observation.job
         terminal = self._terminal(observation, price, available)
-        on_demand = job.max_instances * observation.on_demand_price / job.rate(job.max_instances)
+        on_demand = fallback_unit_price(observation.job, observation.on_demand_price)
         return terminal * ramp if terminal < on_demand * (1 - 1e-9) else terminal
 
     def _terminal(self, observation: Observation, price: np.ndarray, available: np.ndarray) -> float:
@@ -268,13 +268,18 @@ class CHCPolicy(Policy):
         slots_left = (job.deadline_hours - observation.hours) / job.slot_hours
         rows = min(len(price), math.ceil(slots_left - 1e-9))
         if self.terminal_price == "on-demand" or rows < 1:  # past d, only on-demand speed is left
-            return job.max_instances * on_demand / job.rate(job.max_instances)
+            return fallback_unit_price(job, on_demand)
         unit_price, unit_work = supply_curve(job, price[:rows], available[:rows], on_demand)
         unit_work[-job.max_instances :] *= min(slots_left - (rows - 1), 1.0)  # the last slot may end after d
         order = np.argsort(unit_price, kind="stable")
         bought = np.cumsum(unit_work[order])
         last = int(np.searchsorted(bought, observation.remaining_work - WORK_EPSILON))
         return float(unit_price[order][min(last, len(order) - 1)])
+
+
+def fallback_unit_price(job: Job, on_demand_price: float) -> float:
+    """USD per unit of work of the on-demand fallback (N_max on-demand instances)."""
+    return job.max_instances * on_demand_price / job.rate(job.max_instances)
 
 
 def supply_curve(
