@@ -12,8 +12,10 @@ cheap enough, else fall back on the robust algorithm for good):
   ``C(<=t) + pi * gap(t+1) <= (1 + lambda) * C_UP(<=t)``, where ``gap`` is the work by which the
   job trails the shadow and ``pi`` the highest on-demand price of a unit of work: what catching
   up could cost if spot never came back.
-- Otherwise UP takes over from the job's own state, for good. UP's safety net keeps every
-  decision deadline-safe, as the member's did.
+- Otherwise the job runs the shadow's allocation for that slot, and the member decides again
+  the next slot. Only when that too would break the bound does UP take over from the job's own
+  state, for good (catching up with on-demand while behind). Every decision stays
+  deadline-safe, as the member's were.
 
 ``docs/guard.md`` states the bound this gives and the assumption it rests on. The guard's factor
 ``1 + lambda`` is the parameter ``guard``.
@@ -79,7 +81,8 @@ def handover_allowance(job: Job, on_demand_price: float) -> float:
 
 
 class GuardedPolicy(Policy):
-    """``inner``'s choices while its cost stays within ``guard`` x a shadow UP's, then UP for good.
+    """``inner``'s choices while they keep its cost within ``guard`` x a shadow UP's, the shadow's
+    allocation in the slots where they would not, and tracking UP for good once even that would not.
 
     It shows as ``inner`` with ``guard`` added to its parameters, and hands the forecaster, the
     committed plan and the realised market (an oracle) through to ``inner``.
@@ -94,7 +97,9 @@ class GuardedPolicy(Policy):
         self._shadow = UniformProgressPolicy()
         self._shadow_progress = Progress()
         self.switched_at: int | None = None
-        """The slot from which the job tracks the shadow; ``None`` while the inner policy runs it."""
+        """The slot from which the job tracks the shadow for good; ``None`` while the inner policy may run it."""
+        self.tracked_slots = 0
+        """Slots before the switch in which the job tracked the shadow instead of ``inner``'s choice."""
         self.safety_net_at: int | None = None
         """The slot from which, after the switch, the deadline safety net runs N_max on-demand."""
 
@@ -114,6 +119,7 @@ class GuardedPolicy(Policy):
         self._shadow.reset(job)
         self._shadow_progress = Progress()
         self.switched_at = None
+        self.tracked_slots = 0
         self.safety_net_at = None
 
     def reveal(self, market: SlotMarket) -> None:
@@ -128,19 +134,34 @@ class GuardedPolicy(Policy):
         return self._shadow_progress.cost
 
     def decide(self, observation: Observation) -> Allocation:
+        """``inner``'s choice if it keeps the bound; else the shadow's allocation for this slot, if
+        that keeps it (``inner`` decides again next slot: the market may turn its way); else
+        tracking for good.
+
+        The invariant is checked on whichever choice runs, so it holds after every slot before
+        the switch and the bound's proof is unchanged (``docs/guard.md``).
+        """
         self._follow_shadow(observation)
         if self.switched_at is None:
             choice = self.inner.decide(observation)
-            if self.within_bound(observation, choice):
+            if self.within_bound(observation, choice, restart_reserve=True):
                 return choice
+            shadow_choice = self._shadow_choice(observation)
+            if self.within_bound(observation, shadow_choice):
+                self.tracked_slots += 1
+                return shadow_choice
             self.switched_at = observation.slot
         return self._track_shadow(observation)
 
-    def within_bound(self, observation: Observation, choice: Allocation) -> bool:
+    def within_bound(self, observation: Observation, choice: Allocation, restart_reserve: bool = False) -> bool:
         """Whether, after ``choice``, cost so far plus catching up with the shadow stays within
         ``guard`` x the shadow's cost so far, and a job trailing a shadow still at work keeps
         :func:`handover_margin` of slack (once the shadow is done, catching up is N_max
-        instances from the next slot, which the member's own deadline safety already allows)."""
+        instances from the next slot, which the member's own deadline safety already allows).
+
+        With ``restart_reserve`` a trailing job's gap counts one restart at N_max more: the
+        member's choice must leave room to track the shadow next slot, so that a deviation the
+        bound allows does not leave the job where even tracking would break it."""
         job, on_demand = observation.job, observation.on_demand_price
         after = Progress(observation.slot, observation.work_done, observation.cost_so_far, observation.previous)
         advance(job, after, choice, observation.spot_price, on_demand)
@@ -148,6 +169,8 @@ class GuardedPolicy(Policy):
         gap = 0.0 if after.done else max((job.work if shadow.done else shadow.work_done) - after.work_done, 0.0)
         if gap > 0 and not shadow.done and not is_deadline_safe(job, observation, choice, handover_margin(job)):
             return False
+        if gap > 0 and restart_reserve:
+            gap += job.reconfig_overhead_hours * job.rate(job.max_instances)
         return after.cost + catch_up_price(job, on_demand) * gap <= self.guard * shadow.cost + 1e-9
 
     def _follow_shadow(self, observation: Observation) -> None:
@@ -176,8 +199,14 @@ class GuardedPolicy(Policy):
             choice = self._shadow.decide(seen)
             advance(job, shadow, choice, observation.past.spot_price[row], observation.on_demand_price)
 
+    def _shadow_choice(self, observation: Observation) -> Allocation:
+        """What the shadow runs in the current slot (idle once it has finished)."""
+        shadow = self._shadow_progress
+        ran_now = shadow.slot == observation.slot + 1 and shadow.previous is not None
+        return shadow.previous if ran_now and shadow.previous is not None else Allocation.idle(observation.past.num_pools)
+
     def _track_shadow(self, observation: Observation) -> Allocation:
-        """After the switch: the shadow's allocation, at N_max with on-demand while behind it.
+        """Tracking: the shadow's allocation, at N_max with on-demand while behind it.
 
         The job runs what UP runs now, so it pays what UP pays, plus on-demand instances up to
         N_max in every slot that would otherwise end with less work done than the shadow (its
