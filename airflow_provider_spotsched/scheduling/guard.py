@@ -221,7 +221,7 @@ class GuardedPolicy(Policy):
         if self.safety_net_at is not None:
             return fallback
         ran_now = shadow.slot == observation.slot + 1 and shadow.previous is not None
-        choice = shadow.previous if ran_now and shadow.previous is not None else Allocation.idle(observation.past.num_pools)
+        choice = self._shadow_choice(observation)
         if shadow.done and not ran_now and self._keeps(observation):
             return observation.previous
         level = job.work if shadow.done else shadow.work_done
