@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -61,3 +64,34 @@ def test_an_incomplete_cached_build_is_replaced(tmp_path):
     assert source == str(directory)
     assert AutoModelForCausalLM.from_pretrained(directory).config.n_layer == TINY_GPT2["n_layer"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [directory.name]  # nothing moved aside is left
+
+
+BUILD_AS_RANK = """
+import sys
+from pathlib import Path
+import torch.distributed as dist
+from airflow_provider_spotsched.runtime.model import build_tiny_gpt2, is_complete
+rank, store, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+build_tiny_gpt2(out)
+print(is_complete(out))
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_of_a_distributed_job_builds_a_complete_model(tmp_path):
+    # The workers of a multi-process job join their process group before they load the model, and
+    # any of them may be the first to build the cache; transformers' save_pretrained writes nothing
+    # on ranks other than 0 of an initialised group.
+    workers = [
+        subprocess.Popen([sys.executable, "-c", BUILD_AS_RANK, str(rank), str(tmp_path / "store"), str(tmp_path / f"rank-{rank}")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(2)
+    ]
+    results = [worker.communicate(timeout=240) for worker in workers]
+    for worker, (out, err) in zip(workers, results):
+        assert worker.returncode == 0, err[-2000:]
+        assert out.strip().splitlines()[-1] == "True"
+    first, second = (AutoModelForCausalLM.from_pretrained(tmp_path / f"rank-{rank}") for rank in range(2))
+    for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items()):
+        assert torch.equal(a, b), name

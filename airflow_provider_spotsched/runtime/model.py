@@ -61,6 +61,7 @@ def build_tiny_gpt2(directory: Path) -> None:
     A concurrent worker that installed a complete build first wins; an incomplete directory in
     the way (a cache damaged outside this code) is moved aside and replaced.
     """
+    from safetensors.torch import save_model
     from tokenizers import ByteLevelBPETokenizer
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
@@ -81,7 +82,10 @@ def build_tiny_gpt2(directory: Path) -> None:
         with torch.random.fork_rng():
             torch.manual_seed(TINY_GPT2["seed"])
             model = GPT2LMHeadModel(config)
-        model.save_pretrained(staging)
+        # Not model.save_pretrained: in a process of an initialised torch.distributed group other
+        # than rank 0 it writes nothing, and every rank of a job may be the one to build the cache.
+        model.config.save_pretrained(staging)
+        save_model(model, str(staging / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(staging)
         missing = [name for name in TINY_GPT2_FILES if not (staging / name).is_file()]
         if missing:
