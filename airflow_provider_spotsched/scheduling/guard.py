@@ -99,7 +99,7 @@ class GuardedPolicy(Policy):
         self.switched_at: int | None = None
         """The slot from which the job tracks the shadow for good; ``None`` while the inner policy may run it."""
         self.tracked_slots = 0
-        """Slots before the switch in which the job tracked the shadow instead of ``inner``'s choice."""
+        """Slots before the switch that ran the shadow's allocation instead of ``inner``'s choice."""
         self.safety_net_at: int | None = None
         """The slot from which, after the switch, the deadline safety net runs N_max on-demand."""
 
@@ -200,10 +200,11 @@ class GuardedPolicy(Policy):
             advance(job, shadow, choice, observation.past.spot_price[row], observation.on_demand_price)
 
     def _shadow_choice(self, observation: Observation) -> Allocation:
-        """What the shadow runs in the current slot (idle once it has finished)."""
+        """What the shadow runs in the current slot (idle once it has finished before it)."""
         shadow = self._shadow_progress
-        ran_now = shadow.slot == observation.slot + 1 and shadow.previous is not None
-        return shadow.previous if ran_now and shadow.previous is not None else Allocation.idle(observation.past.num_pools)
+        if shadow.slot == observation.slot + 1 and shadow.previous is not None:
+            return shadow.previous
+        return Allocation.idle(observation.past.num_pools)
 
     def _track_shadow(self, observation: Observation) -> Allocation:
         """Tracking: the shadow's allocation, at N_max with on-demand while behind it.
@@ -220,10 +221,10 @@ class GuardedPolicy(Policy):
         fallback = on_demand_fallback(job, observation.past.num_pools)
         if self.safety_net_at is not None:
             return fallback
-        ran_now = shadow.slot == observation.slot + 1 and shadow.previous is not None
-        choice = self._shadow_choice(observation)
-        if shadow.done and not ran_now and self._keeps(observation):
+        finished_before = shadow.done and shadow.slot <= observation.slot
+        if finished_before and self._keeps(observation):
             return observation.previous
+        choice = self._shadow_choice(observation)
         level = job.work if shadow.done else shadow.work_done
         after = Progress(observation.slot, observation.work_done, observation.cost_so_far, observation.previous)
         advance(job, after, choice, observation.spot_price, observation.on_demand_price)
