@@ -89,6 +89,16 @@ def test_relatives_compare_with_the_same_scenarios_references():
     assert rows[3].excess_cost is rows[3].utility_vs_optimal is rows[3].cost_vs_on_demand is None
 
 
+def test_every_chc_of_the_grid_plans_with_the_same_commitment():
+    """The forecasters and the oracle's errors are compared on one planner (docs/evaluation.md)."""
+    commits = {key: dict(spec.params)["commit"] for key, spec in ev.POLICY_SPECS.items() if spec.name == "chc"}
+    assert set(commits) >= {"chc-auto", "chc-auto-unguarded", "chc-persistence", "chc-oracle-0"}
+    assert set(commits.values()) == {ev.CHC_COMMIT}
+    assert ev.plain_chc_forecaster("chc-persistence") == "persistence"
+    assert ev.plain_chc_forecaster("chc-auto-unguarded") == "auto"
+    assert ev.plain_chc_forecaster("chc-auto") is None  # guarded: not plain CHC
+
+
 def test_unknown_policy_in_the_grid_is_refused():
     with pytest.raises(EvaluationError, match="magic"):
         GridConfig(policies=("greedy", "magic"))
