@@ -148,7 +148,7 @@ def test_chaos_a_long_outage_fails_the_try_and_the_retry_re_attaches(ledger, tmp
 @pytest.mark.parametrize("first", [1, 3, 7, 12])
 def test_chaos_brief_outages_at_every_point_of_the_run(ledger, tmp_path, first):
     failures, _, _ = outage(ledger, tmp_path, f"brief: set, gets and pushes from call {first}", sets=Outage(first, 2),
-                         gets=Outage(max(first // 3, 1), 1), pushes=Outage(max(first // 2, 1), 2), samples=360)
+                            gets=Outage(max(first // 3, 1), 1), pushes=Outage(max(first // 2, 1), 2), samples=360)
     assert not failures, failures
 
 
