@@ -240,3 +240,32 @@ def test_an_online_state_from_before_the_estimate_still_loads(gcp_market):
     restored.next_slot(gcp_market.spot_price[HISTORY + 1], gcp_market.available[HISTORY + 1])
     restored.decide(1.0, NOW + timedelta(hours=1))  # the old slot replays on the declared throughput
     assert restored.records[1].throughput is not None
+
+
+def lagging_reports(gcp_market: SlotMarket, stamped: bool) -> list[float]:
+    """The estimate's factor at each decision of a job on one on-demand instance that runs at
+    exactly its declared rate and checkpoints every 0.45 h: each decision reads the work of its
+    last checkpoint, with the report's stamp when ``stamped``."""
+    job = make_job(work=30.0, deadline_hours=60.0, max_instances=1, value=100.0, reconfig_overhead_hours=0.25)
+    run = OnlineRun.start(RunConfig("run-lag", job, gcp_market.pools, policy="on-demand"), gcp_market.prefix(HISTORY + 1), NOW)
+    factors = []
+    for slot in range(10):
+        trained = max(slot - job.reconfig_overhead_hours, 0.0)  # the first slot started the worker
+        saved = int(trained / 0.45) * 0.45  # hours of training in the last checkpoint
+        stamp = NOW + timedelta(hours=job.reconfig_overhead_hours + saved)
+        training = {"updated": stamp.isoformat().replace("+00:00", "Z")} if stamped else None
+        record = run.decide(saved * job.rate(1), NOW + timedelta(hours=slot), training=training)
+        factors.append(record.throughput["alpha"] / job.throughput.alpha)
+        run.applied(Allocation(tuple(record.allocation["spot"].get(p, 0) for p in run.config.pools), record.allocation["on_demand"]))
+        row = HISTORY + run.slot
+        run.observe(gcp_market.spot_price[row + 1], gcp_market.available[row + 1])
+    return factors
+
+
+def test_progress_reports_are_timed_by_their_own_stamps(gcp_market):
+    """A report is as old as its checkpoint, up to a checkpoint interval before the decision that
+    reads it. Timed by the decisions, the slots of a job running at its declared rate read 0.9,
+    1.35, 0.9, ... and the estimate's lower bound falls well below the truth; timed by the reports'
+    own stamps every slot measures the declared rate."""
+    assert min(lagging_reports(gcp_market, stamped=False)) < 0.85
+    assert lagging_reports(gcp_market, stamped=True) == pytest.approx([1.0] * 10)

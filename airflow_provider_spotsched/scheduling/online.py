@@ -48,6 +48,10 @@ from airflow_provider_spotsched.scheduling.throughput_estimate import (
 
 STATE_VERSION = 1
 LOG_FORECAST_SLOTS = 24
+# The shortest span between two progress reports that the throughput estimate times by their own
+# stamps: a stamp may be rounded to the second (the project's runtimes write milliseconds, a user's
+# command may not), which errs by at most a tenth of this.
+MIN_STAMPED_SECONDS = 10.0
 
 
 class BudgetError(JobError):
@@ -283,7 +287,7 @@ class OnlineRun:
         if self.decided:
             raise ValueError(f"slot {self.slot} is already decided; observe the next slot first")
         job, pools = self.config.job, self.config.pools
-        observation = self._observation(self.slot, work_done, now)
+        observation = self._observation(self.slot, work_done, now, training)
         policy: Policy | None = None
         if work_done >= job.work:
             # All the work is checkpointed, yet the runtime is not running to finish (it was stopped on its
@@ -506,8 +510,15 @@ class OnlineRun:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _observation(self, slot: int, work_done: float | None = None, now: datetime | None = None) -> Observation:
-        """What the policy knew at ``slot``: recorded for past slots, ``work_done`` for this one.
+    def _observation(
+        self,
+        slot: int,
+        work_done: float | None = None,
+        now: datetime | None = None,
+        training: Mapping[str, Any] | None = None,
+    ) -> Observation:
+        """What the policy knew at ``slot``: recorded for past slots, ``work_done`` (reported
+        with ``training``) for this one.
 
         The job carries the throughput the policy planned on: the recorded estimate for a past
         slot (the declared one in a log from before the estimate), a fresh one for this slot.
@@ -521,7 +532,7 @@ class OnlineRun:
                 job = replace(job, throughput=throughput_from_dict(record.throughput))
         else:
             work, cost = (work_done or 0.0), self.cost
-            job = self._estimate(work, now).job(job)
+            job = self._estimate(work, now, training).job(job)
         previous = Allocation.idle(len(self.config.pools))
         applied = self.records[slot - 1].applied if slot > 0 else None
         if applied is not None:
@@ -536,30 +547,66 @@ class OnlineRun:
             previous=previous,
         )
 
-    def _estimate(self, work_done: float, now: datetime | None) -> ThroughputEstimate:
+    def _estimate(
+        self, work_done: float, now: datetime | None, training: Mapping[str, Any] | None = None
+    ) -> ThroughputEstimate:
         """The throughput measured over the slots decided so far, ``work_done`` at the current one.
 
-        A slot's work is the measured work at the next decision less that at its own, and its
-        hours are the market hours between those two readings (``now`` for the current one;
-        the slot's length where a time is missing): a decision that reads the work late (a
-        delayed trigger, a state store retried) credits the slot with more time, not just
-        more work, so the next one is not read as a slowdown. Skipped: a slot with nothing
-        recorded as applied; one with a preemption, whose lost instances and work rolled back
-        to a checkpoint say nothing about H(n); and one that (re)starts workers, whose start
-        measures the reconfiguration overhead rather than H(n): a slow start (a loaded host, a
-        cold image) read as throughput sent the demo to on-demand for good.
+        A slot's work is the measured work at the next decision less that at its own. Its hours
+        run between the two readings: from when the runtime wrote each report (its stamp) where
+        both stamps fall inside the allocation's run (:meth:`_measured_span`), else between the two
+        decisions (``now`` for the current one; the slot's length where a time is missing). A
+        report is as old as the last checkpoint, up to a whole checkpoint interval before the
+        decision: timed by the decisions, one slot would be read as slow and the next as fast,
+        and the spread drags the estimate's lower bound down (a 20 s demo slot with
+        checkpoints 1-3 s apart read 1.18 then 0.81 of the declared rate, and the estimate fell to
+        0.75). A decision that reads the work late (a delayed trigger, a state store retried)
+        likewise credits the slot with more time, not just more work. Skipped: a slot with nothing
+        recorded as applied; one with a preemption, whose lost instances and work rolled back to a
+        checkpoint say nothing about H(n); and one that (re)starts workers, whose start measures
+        the reconfiguration overhead rather than H(n): a slow start (a loaded host, a cold image)
+        read as throughput sent the demo to on-demand for good.
         """
         job, pools = self.config.job, self.config.pools
         estimate = ThroughputEstimate(job.throughput)
-        ends = [(r.work_done, parse_timestamp(r.time)) for r in self.records[1:]] + [(work_done, now)]
-        previous, preemptions = Allocation.idle(len(pools)), 0
-        for record, (end, read_at) in zip(self.records, ends):
+        readings: list[tuple[float, datetime | None, datetime | None]] = [
+            (r.work_done, parse_timestamp(r.time), _report_stamp(r.training)) for r in self.records
+        ]
+        readings.append((work_done, now, _report_stamp(training)))
+        previous, preemptions, decided_before = Allocation.idle(len(pools)), 0, None
+        for record, start, end in zip(self.records, readings, readings[1:]):
             applied = allocation_from_dict(record.applied or {}, pools)
-            hours = job.slot_hours if read_at is None else self._market_hours(parse_timestamp(record.time), read_at)
             if record.applied is not None and record.preemptions <= preemptions and applied == previous:
-                estimate.observe(applied.total, hours, max(end - record.work_done, 0.0))
-            previous, preemptions = applied, record.preemptions
+                hours = self._measured_span(decided_before, start[1:], end[1:])
+                estimate.observe(applied.total, hours, max(end[0] - start[0], 0.0))
+            previous, preemptions, decided_before = applied, record.preemptions, start[1]
         return estimate
+
+    def _measured_span(
+        self,
+        decided_before: datetime | None,
+        start: tuple[datetime | None, datetime | None],
+        end: tuple[datetime | None, datetime | None],
+    ) -> float:
+        """Market hours between two readings, each a (decision time, report stamp) pair.
+
+        The stamps time the work exactly when the first was written after the slot before began
+        (``decided_before``: the measured allocation already ran then), the second after the
+        first decision, neither after its own decision, and they lie at least
+        :data:`MIN_STAMPED_SECONDS` apart. Otherwise the decisions time it.
+        """
+        (start_decided, start_stamp), (end_decided, end_stamp) = start, end
+        if start_decided is None or end_decided is None:
+            return self.config.job.slot_hours
+        if (
+            decided_before is not None
+            and start_stamp is not None
+            and end_stamp is not None
+            and decided_before <= start_stamp <= start_decided <= end_stamp <= end_decided
+            and (end_stamp - start_stamp).total_seconds() >= MIN_STAMPED_SECONDS
+        ):
+            return self._market_hours(start_stamp, end_stamp)
+        return self._market_hours(start_decided, end_decided)
 
     def _market_hours(self, start: datetime, end: datetime) -> float:
         """Market hours between two wall-clock instants of this run."""
@@ -595,6 +642,18 @@ class OnlineRun:
             p: {"spot_price": forecast.spot_price[:, m].tolist(), "available": forecast.available[:, m].tolist()}
             for m, p in enumerate(self.config.pools)
         }
+
+
+def _report_stamp(training: Mapping[str, Any] | None) -> datetime | None:
+    """When the runtime wrote the progress report a decision read; ``None`` if it carries no
+    readable stamp (a runtime of the user's may write none)."""
+    stamp = (training or {}).get("updated")
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    try:
+        return parse_timestamp(stamp)
+    except ValueError:
+        return None
 
 
 def _hourly(allocation: Allocation, spot_prices: Sequence[float], on_demand_price: float) -> float:
