@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -242,18 +243,18 @@ def test_an_online_state_from_before_the_estimate_still_loads(gcp_market):
     assert restored.records[1].throughput is not None
 
 
-def lagging_reports(gcp_market: SlotMarket, stamped: bool) -> list[float]:
+def lagging_reports(gcp_market: SlotMarket, stamp: Callable[[datetime], object] | None) -> list[float]:
     """The estimate's factor at each decision of a job on one on-demand instance that runs at
     exactly its declared rate and checkpoints every 0.45 h: each decision reads the work of its
-    last checkpoint, with the report's stamp when ``stamped``."""
+    last checkpoint, in a report stamped ``stamp(when it was written)`` (no stamp: ``None``)."""
     job = make_job(work=30.0, deadline_hours=60.0, max_instances=1, value=100.0, reconfig_overhead_hours=0.25)
     run = OnlineRun.start(RunConfig("run-lag", job, gcp_market.pools, policy="on-demand"), gcp_market.prefix(HISTORY + 1), NOW)
     factors = []
     for slot in range(10):
         trained = max(slot - job.reconfig_overhead_hours, 0.0)  # the first slot started the worker
         saved = int(trained / 0.45) * 0.45  # hours of training in the last checkpoint
-        stamp = NOW + timedelta(hours=job.reconfig_overhead_hours + saved)
-        training = {"updated": stamp.isoformat().replace("+00:00", "Z")} if stamped else None
+        written = NOW + timedelta(hours=job.reconfig_overhead_hours + saved)
+        training = None if stamp is None else {"updated": stamp(written)}
         record = run.decide(saved * job.rate(1), NOW + timedelta(hours=slot), training=training)
         factors.append(record.throughput["alpha"] / job.throughput.alpha)
         run.applied(Allocation(tuple(record.allocation["spot"].get(p, 0) for p in run.config.pools), record.allocation["on_demand"]))
@@ -267,5 +268,18 @@ def test_progress_reports_are_timed_by_their_own_stamps(gcp_market):
     reads it. Timed by the decisions, the slots of a job running at its declared rate read 0.9,
     1.35, 0.9, ... and the estimate's lower bound falls well below the truth; timed by the reports'
     own stamps every slot measures the declared rate."""
-    assert min(lagging_reports(gcp_market, stamped=False)) < 0.85
-    assert lagging_reports(gcp_market, stamped=True) == pytest.approx([1.0] * 10)
+    assert min(lagging_reports(gcp_market, None)) < 0.85
+    assert lagging_reports(gcp_market, lambda at: at.isoformat().replace("+00:00", "Z")) == pytest.approx([1.0] * 10)
+
+
+@pytest.mark.parametrize("stamp", ["yesterday", "", 1767225600, None], ids=["words", "empty", "number", "null"])
+def test_a_report_stamp_that_is_no_time_is_timed_by_the_decisions(gcp_market, stamp):
+    """A user's runtime may write anything in ``updated``: the run goes on as if it wrote none."""
+    assert lagging_reports(gcp_market, lambda at: stamp) == lagging_reports(gcp_market, None)
+
+
+def test_a_report_stamped_after_the_decision_that_read_it_is_timed_by_the_decisions(gcp_market):
+    """An instance whose clock runs an hour ahead of the scheduler's stamps reports from the future:
+    its stamps are not trusted, and the slots are timed as without them."""
+    ahead = lagging_reports(gcp_market, lambda at: (at + timedelta(hours=1)).isoformat())
+    assert ahead == lagging_reports(gcp_market, None)
