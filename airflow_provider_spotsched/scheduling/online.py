@@ -553,19 +553,15 @@ class OnlineRun:
         """The throughput measured over the slots decided so far, ``work_done`` at the current one.
 
         A slot's work is the measured work at the next decision less that at its own. Its hours
-        run between the two readings: from when the runtime wrote each report (its stamp) where
-        both stamps fall inside the allocation's run (:meth:`_measured_span`), else between the two
-        decisions (``now`` for the current one; the slot's length where a time is missing). A
-        report is as old as the last checkpoint, up to a whole checkpoint interval before the
-        decision: timed by the decisions, one slot would be read as slow and the next as fast,
-        and the spread drags the estimate's lower bound down (a 20 s demo slot with
-        checkpoints 1-3 s apart read 1.18 then 0.81 of the declared rate, and the estimate fell to
-        0.75). A decision that reads the work late (a delayed trigger, a state store retried)
-        likewise credits the slot with more time, not just more work. Skipped: a slot with nothing
-        recorded as applied; one with a preemption, whose lost instances and work rolled back to a
-        checkpoint say nothing about H(n); and one that (re)starts workers, whose start measures
-        the reconfiguration overhead rather than H(n): a slow start (a loaded host, a cold image)
-        read as throughput sent the demo to on-demand for good.
+        run between the two progress reports those decisions read, by the reports' own stamps
+        where they can be trusted (:meth:`_measured_span`), else between the decisions (``now``
+        for the current one; the slot's length where it is missing). A report is as old as the
+        last checkpoint: timed by the decisions, one slot reads slow and the next fast, and the
+        spread drags the estimate's lower bound down. Skipped: a slot with nothing recorded as
+        applied; one with a preemption, whose lost instances and work rolled back to a checkpoint
+        say nothing about H(n); and one that (re)starts workers, whose start measures the
+        reconfiguration overhead rather than H(n): a slow start (a loaded host, a cold image) read
+        as throughput sent the demo to on-demand for good.
         """
         job, pools = self.config.job, self.config.pools
         estimate = ThroughputEstimate(job.throughput)
