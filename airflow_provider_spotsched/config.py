@@ -32,6 +32,17 @@ CONFIG: dict[str, Any] = {
                 "example": "30",
                 "default": None,
             },
+            "min_deferral_seconds": {
+                "description": "The least time a deferral between slots lasts: a wake (a preemption, the job's end)\n"
+                "is held until then, and a wait shorter than this is waited in the worker. Airflow 3.3\n"
+                "fails a task resumed before the scheduler has read the executor's report of the worker\n"
+                "that deferred it (apache/airflow#71580); the scheduler reads it within seconds. 0 turns\n"
+                "the guard off.\n",
+                "version_added": "0.1.0",
+                "type": "float",
+                "example": "30",
+                "default": "15",
+            },
             "max_instances_limit": {
                 "description": "The most instances one job may ask for (max_instances): a larger job is refused\n"
                 "before anything launches. Raise it where jobs really run on more; the account's own\n"

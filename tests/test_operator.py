@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -322,12 +323,51 @@ def test_trigger_serialises_every_argument():
         poll_interval=2.5,
         known_preemptions=3,
         known_failures=1,
+        not_before="2025-12-31T23:59:45+00:00",
     )
     path, kwargs = trigger.serialize()
     assert path == "airflow_provider_spotsched.triggers.spot_job.SpotJobTrigger"
     rebuilt = SpotJobTrigger(**json.loads(json.dumps(kwargs)))
     assert rebuilt.serialize() == (path, kwargs)
     assert kwargs["known_preemptions"] == 3 and kwargs["known_failures"] == 1 and kwargs["poll_interval"] == 2.5
+    assert kwargs["not_before"] == "2025-12-31T23:59:45+00:00"
+
+
+def test_a_wake_is_held_until_the_deferral_has_lasted_min_deferral_seconds(tmp_path, monkeypatch):
+    """Airflow 3.3 fails a task resumed before the scheduler read its deferring worker's exit
+    (triggers/spot_job.py): the trigger fires no sooner than ``not_before``, even on the job's end."""
+    monkeypatch.setenv("AIRFLOW__SPOTSCHED__MIN_DEFERRAL_SECONDS", "0.5")
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, samples=4)
+    before = datetime.now(timezone.utc)
+    deferred = start(op, context)
+    after = datetime.now(timezone.utc)
+    not_before = datetime.fromisoformat(deferred.trigger.not_before)
+    assert before + timedelta(seconds=0.5) <= not_before <= after + timedelta(seconds=0.5)
+
+    job = TrainingJob.from_dict(deferred.trigger.job)
+    wait_for(lambda: backend(tmp_path).status(job).finished)
+    _, kwargs = deferred.trigger.serialize()
+    held_until = datetime.now(timezone.utc) + timedelta(seconds=1.5)
+    event = first_payload(SpotJobTrigger(**{**kwargs, "not_before": held_until.isoformat()}))
+    assert event["reason"] == "finished" and datetime.fromisoformat(event["time"]) >= held_until
+    result = op.execute_slot(context, event)
+    assert result["deadline_met"] and nothing_left(tmp_path, job.job_id)
+
+
+def test_a_wait_shorter_than_min_deferral_seconds_is_waited_in_the_worker(tmp_path, monkeypatch, capsys):
+    """Every wait of a 3 s slot is under 60 s: the run goes on in the worker, deciding each slot once."""
+    monkeypatch.setenv("AIRFLOW__SPOTSCHED__MIN_DEFERRAL_SECONDS", "60")
+    context = TaskContext(TaskStateStore())
+    result = operator(tmp_path).execute(context)  # no TaskDeferred: it returns
+    log = context["ti"].xcoms["decision_log"]
+    assert result["deadline_met"] and result["slots"] == len(log) >= 2
+    assert [r["slot"] for r in log] == list(range(len(log)))
+    assert result["cost"] == pytest.approx(billed(log, result))
+    task_log = capsys.readouterr().out  # the operator's task logger writes there outside a task runner
+    assert task_log.count("waiting in the worker: the next boundary is") == len(log)  # the job ends in the last
+    job = TrainingJob.from_dict(context["task_state_store"].get(STATE_KEY)["job"])
+    assert nothing_left(tmp_path, job.job_id)
 
 
 def test_job_id_is_stable_and_a_valid_cloud_label():

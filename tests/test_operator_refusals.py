@@ -52,6 +52,14 @@ def test_max_instances_over_the_deployments_limit_is_refused_before_anything_lau
     assert nothing_launched(tmp_path)
 
 
+def test_a_bad_min_deferral_seconds_is_refused_before_anything_launches(tmp_path, monkeypatch):
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv("AIRFLOW__SPOTSCHED__MIN_DEFERRAL_SECONDS", bad)
+        with pytest.raises(JobError, match=rf"^\[spotsched\] min_deferral_seconds='{bad}': not a number of seconds >= 0"):
+            operator(tmp_path).execute(TaskContext(TaskStateStore()))
+    assert nothing_launched(tmp_path)
+
+
 def test_max_instances_over_the_accounts_quota_is_refused_before_anything_launches(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalBackend, "instance_limit", lambda self: 1)
     context = TaskContext(TaskStateStore())

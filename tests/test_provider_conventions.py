@@ -131,6 +131,7 @@ def test_airflow_config_lists_the_spotsched_options_with_their_defaults(env):
     assert re.search(r"^#? ?default_poll_interval = *$", listed, re.MULTILINE)
     assert re.search(r"^#? ?local_workdir = *$", listed, re.MULTILINE)
     assert re.search(r"^#? ?max_instances_limit = 1024$", listed, re.MULTILINE)
+    assert re.search(r"^#? ?min_deferral_seconds = 15$", listed, re.MULTILINE)
     assert "a tenth of a slot, at most 60 seconds" in listed and "$AIRFLOW_HOME/spotsched" in listed
     selector = airflow(env, "config", "get-value", "spotsched", "selector_state_variable")
     assert selector.strip() == "spotsched_selector_state"

@@ -6,7 +6,8 @@ A :class:`RunDriver` owns one :class:`~airflow_provider_spotsched.scheduling.onl
 :meth:`RunDriver.step` does whatever is due now and returns either :class:`Wait` (come back at
 the next slot boundary, or earlier on a preemption, a failure or the job's end) or
 :class:`Finished`. The caller only keeps the state between steps and waits: the Airflow operator
-defers to a trigger; without a triggerer, and on the command line, :meth:`RunDriver.run_to_completion`
+defers to a trigger (:meth:`RunDriver.run_until` waits in-process for a wait too short to
+defer); without a triggerer, and on the command line, :meth:`RunDriver.run_to_completion`
 waits in-process.
 
 The rules a caller must not have to know:
@@ -198,19 +199,32 @@ class RunDriver:
     def run_to_completion(
         self, reattach: bool = False, poll_interval: float | None = None, on_step: Callable[[OnlineRun], None] | None = None
     ) -> OnlineRun:
-        """Step until the job is done, waiting in this process between steps (no triggerer).
+        """Step until the job is done, waiting in this process between steps (no triggerer)."""
+        finished = self.run_until(reattach, poll_interval, on_step)
+        assert isinstance(finished, Finished)  # nothing hands a wait over
+        return finished.run
 
-        ``on_step`` sees the run after every step (to publish its decision log). Any exception
-        while waiting or in ``on_step``, and an interrupt (Ctrl-C, a kill that raises), releases
-        every instance before it propagates, as a failed step does.
+    def run_until(
+        self,
+        reattach: bool = False,
+        poll_interval: float | None = None,
+        on_step: Callable[[OnlineRun], None] | None = None,
+        hand_over: Callable[[Wait], bool] | None = None,
+    ) -> Wait | Finished:
+        """Step, waiting in this process between steps, until the job is done or ``hand_over`` takes a wait.
+
+        ``hand_over`` says whether the caller waits for this one elsewhere (the operator defers
+        the waits long enough to defer). ``on_step`` sees the run after every step (to publish its
+        decision log). Any exception while waiting or in ``on_step``, and an interrupt (Ctrl-C, a
+        kill that raises), releases every instance before it propagates, as a failed step does.
         """
         try:
             while True:
                 step = self.step(reattach)
                 if on_step is not None:
                     on_step(self.run)
-                if isinstance(step, Finished):
-                    return step.run
+                if isinstance(step, Finished) or (hand_over is not None and hand_over(step)):
+                    return step
                 wait_for_wake(self.env.backend, self.training, step, poll_interval)
                 reattach = False
         except (Exception, KeyboardInterrupt):

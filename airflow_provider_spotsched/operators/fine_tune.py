@@ -72,6 +72,7 @@ from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 
 STATE_KEY = "spotsched_run"
 DEFAULT_SELECTOR_VARIABLE = "spotsched_selector_state"
+DEFAULT_MIN_DEFERRAL_SECONDS = 15.0
 CLOUD_OPTIONS = {"ec2": ("instance_type", "pools"), "gce": ("machine_type", "zones")}
 """The cloud backends' option names for the instance type and the pool placements."""
 
@@ -101,6 +102,19 @@ def max_instances_limit() -> int:
         raise JobError(
             f"[spotsched] max_instances_limit={text!r}: not an integer; set it to a number of instances, e.g. 1024"
         ) from None
+
+
+def min_deferral_seconds() -> float:
+    """``[spotsched] min_deferral_seconds``: the least time a deferral lasts, against an Airflow race
+    (:mod:`airflow_provider_spotsched.triggers.spot_job` says which)."""
+    text = conf.get("spotsched", "min_deferral_seconds", fallback=str(DEFAULT_MIN_DEFERRAL_SECONDS))
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise JobError(f"[spotsched] min_deferral_seconds={text!r}: not a number of seconds >= 0; set it to e.g. 15")
+    return seconds
 
 
 def _names(value: Sequence[str] | str, field: str) -> tuple[str, ...]:
@@ -338,6 +352,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Validate, then start the run, or re-attach to the one a previous try left."""
+        min_deferral_seconds()  # a bad setting is refused before anything launches
         saved = self._load(context)()
         if saved:
             self.log.info("re-attaching to job %s, left by a previous try", saved["job"]["job_id"])
@@ -538,19 +553,36 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     # -- the slot loop -------------------------------------------------------------------------
 
     def _drive(self, context: Context, spec: BackendSpec, driver: RunDriver, reattach: bool) -> dict[str, Any]:
-        """Step the run; between steps defer to the trigger, or without a triggerer wait here."""
+        """Step the run; between steps defer to the trigger, or without a triggerer wait here.
+
+        A deferral lasts at least ``[spotsched] min_deferral_seconds`` (see
+        :mod:`~airflow_provider_spotsched.triggers.spot_job`): a shorter wait, a boundary that a
+        slow step left near, is waited here too.
+        """
         self._running = driver
+
+        def on_step(run: OnlineRun) -> None:
+            self._push_log(context, run, final=False)
+
         if not self.deferrable:
-            driver.run_to_completion(reattach, self.poll_interval, lambda run: self._push_log(context, run, final=False))
+            driver.run_to_completion(reattach, self.poll_interval, on_step)
         else:
-            step = driver.step(reattach)
+            least = min_deferral_seconds()
+            step = driver.run_until(reattach, self.poll_interval, on_step, lambda wait: self._may_defer(wait, least))
             if not isinstance(step, Finished):
-                self._push_log(context, driver.run, final=False)
-                self.defer(trigger=self._trigger(spec, driver, step), method_name="execute_slot")
+                self.defer(trigger=self._trigger(spec, driver, step, least), method_name="execute_slot")
         self._push_log(context, driver.run, final=True)
         return self._finish(context, driver)
 
-    def _trigger(self, spec: BackendSpec, driver: RunDriver, wait: Wait) -> SpotJobTrigger:
+    def _may_defer(self, wait: Wait, least_seconds: float) -> bool:
+        left = (wait.boundary - datetime.now(timezone.utc)).total_seconds()
+        if left >= least_seconds:
+            return True
+        self.log.info("waiting in the worker: the next boundary is %.1f s away, under the %g s a deferral lasts "
+                      "([spotsched] min_deferral_seconds)", left, least_seconds)
+        return False
+
+    def _trigger(self, spec: BackendSpec, driver: RunDriver, wait: Wait, least_seconds: float) -> SpotJobTrigger:
         return SpotJobTrigger(
             backend=spec.to_dict(),
             job=driver.training.to_dict(),
@@ -558,6 +590,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             poll_interval=self.poll_interval or wait.poll_interval,
             known_preemptions=wait.known_preemptions,
             known_failures=wait.known_failures,
+            not_before=(datetime.now(timezone.utc) + timedelta(seconds=least_seconds)).isoformat(),
         )
 
     def _finish(self, context: Context, driver: RunDriver) -> dict[str, Any]:

@@ -8,6 +8,11 @@ its arguments (backend spec, job, boundary as an ISO string, poll interval, pree
 failures already known), so a triggerer that restarts rebuilds it from :meth:`SpotJobTrigger.serialize` and goes
 on waiting for the same boundary. The event carries what the operator needs to resume: the
 reason, the instant and the job's status.
+
+No event comes before ``not_before``: Airflow 3.3 fails a task resumed before the scheduler has
+read the executor's report of the worker that deferred it (a stale success for a task that is
+running again; apache/airflow#71580, #72716). The operator sets it ``[spotsched]
+min_deferral_seconds`` after the deferral and defers only for waits at least that long.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class SpotJobTrigger(BaseTrigger):
     :param known_preemptions: preempted instances the operator has already seen.
     :param known_failures: failed instances the operator has already seen (a retry restarts a
         failed job; the failures of earlier tries stay in its status).
+    :param not_before: ISO-8601 UTC instant before which a wake is held (``None``: none held).
     """
 
     def __init__(
@@ -43,6 +49,7 @@ class SpotJobTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         known_preemptions: int = 0,
         known_failures: int = 0,
+        not_before: str | None = None,
     ) -> None:
         super().__init__()
         if not poll_interval > 0:
@@ -53,6 +60,7 @@ class SpotJobTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.known_preemptions = int(known_preemptions)
         self.known_failures = int(known_failures)
+        self.not_before = not_before
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -64,6 +72,7 @@ class SpotJobTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "known_preemptions": self.known_preemptions,
                 "known_failures": self.known_failures,
+                "not_before": self.not_before,
             },
         )
 
@@ -73,14 +82,18 @@ class SpotJobTrigger(BaseTrigger):
         backend = await asyncio.to_thread(build_backend, BackendSpec.from_dict(self.backend))
         job = TrainingJob.from_dict(self.job)
         boundary = datetime.fromisoformat(self.boundary)
+        not_before = datetime.fromisoformat(self.not_before) if self.not_before else None
         while True:
             status = await asyncio.to_thread(backend.status, job)
             now = datetime.now(timezone.utc)
             reason = wake_reason(status, now, boundary, self.known_preemptions, self.known_failures)
+            until = boundary
             if reason is not None:
-                yield TriggerEvent({"reason": reason, "time": now.isoformat(), "status": status.to_dict()})
-                return
-            await asyncio.sleep(max(min(self.poll_interval, (boundary - now).total_seconds()), 0.0))
+                if not_before is None or now >= not_before:
+                    yield TriggerEvent({"reason": reason, "time": now.isoformat(), "status": status.to_dict()})
+                    return
+                until = not_before  # held: poll again when it may fire
+            await asyncio.sleep(max(min(self.poll_interval, (until - now).total_seconds()), 0.0))
 
     async def on_kill(self) -> None:
         """The user killed the deferred task (mark failed, clear): end every instance of the job."""
