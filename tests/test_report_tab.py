@@ -84,7 +84,8 @@ def test_the_tab_of_a_finished_task_shows_its_report(api, db_copy, chromium, tmp
     with BrowserPage(chromium, tmp_path / "profile", width=1400) as page:
         page.open(_tab_url(api, db_copy, FINISHED_TASK), cookies={"_token": api.token})
         page.wait_until(_frame("d.body.innerText.includes('finished, deadline met')"), what="the finished report")
-        assert "Spot run report" in page.evaluate("document.body.innerText"), "the tab is named in the task's tabs"
+        # the frame can load before the UI has drawn the task's tabs around it
+        page.wait_until("document.body.innerText.includes('Spot run report')", what="the tab named in the task's tabs")
         text = page.evaluate(_frame("d.body.innerText"))
         assert f"{result['cost']:,.2f} USD" in text and "Slot by slot" in text
         assert page.evaluate(_frame("d.querySelectorAll('svg').length")) == CHARTS + len(POOLS)
