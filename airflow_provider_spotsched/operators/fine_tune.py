@@ -575,6 +575,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         return self._finish(context, driver)
 
     def _may_defer(self, wait: Wait, least_seconds: float) -> bool:
+        """Whether ``wait`` lasts long enough to defer; a shorter one is logged and waited here."""
         left = (wait.boundary - datetime.now(timezone.utc)).total_seconds()
         if left >= least_seconds:
             return True
