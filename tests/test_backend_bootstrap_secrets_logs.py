@@ -153,6 +153,30 @@ def test_the_log_is_uploaded_periodically_and_when_the_script_is_stopped(tmp_pat
     assert "got-term" in (read_log_tail(checkpoint, INSTANCE) or "")  # uploaded after the command stopped
 
 
+def test_the_uploader_leaves_no_process_behind_when_the_script_ends(tmp_path, gcp):
+    _, url = gcp
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "gcloud", "#!/bin/bash\n")
+    period = "3517"  # a period no other process sleeps, far longer than the run
+    env = job_env(tmp_path, bin_dir, url, 0, SPOTSCHED_LOG_UPLOAD_SECONDS=period)
+    job = TrainingJob("job-1", ("bash", "-c", WORKER), str(tmp_path / "ckpt"), ("us-central1-a",), env=env)
+
+    result = run_script(tmp_path, job, "gcp")  # an orphaned sleep would hold its output open past the timeout
+
+    assert result.returncode == 0
+    assert (tmp_path / "powered-off").exists()
+    left = [p for p in Path("/proc").glob("[0-9]*") if _cmdline(p) == ["sleep", period]]
+    assert not left, f"the uploader's sleep outlived the script: {left}"
+
+
+def _cmdline(process: Path) -> list[str]:
+    try:
+        return (process / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
 AWS_STAND_IN = """#!{python}
 import json, sys
 import boto3

@@ -149,7 +149,16 @@ upload_log() {
     *) mkdir -p "$(dirname "$LOG_URI")" && cp "$log" "$LOG_URI.tmp" && mv "$LOG_URI.tmp" "$LOG_URI" ;;
   esac >/dev/null 2>&1 || echo "spotsched: could not upload the log to $LOG_URI" >&2
 }
-( while sleep "${SPOTSCHED_LOG_UPLOAD_SECONDS:-30}"; do upload_log; done ) &
+# The uploader takes its sleep down with it, so that no orphan outlives the script (holding its
+# output open for up to a period).
+(
+  trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  while true; do
+    sleep "${SPOTSCHED_LOG_UPLOAD_SECONDS:-30}" & nap=$!
+    wait "$nap" || exit 0
+    upload_log
+  done
+) &
 uploader=$!
 trap 'kill "$uploader" 2>/dev/null; upload_log' EXIT
 """
