@@ -1,8 +1,8 @@
 """runtime.launch: torchrun whose exit code keeps the spot contract (0 done, 75 preempted, else the failure).
 
 The launches run real torchrun agents on loopback (c10d) with two bash workers each (``--no-python``),
-5-30 s apiece on a loaded 2-core machine, most of it importing torch; exit 0 is the acceptance
-test's (tests/test_hf_elastic.py).
+a few seconds apiece, most of it importing torch (the last call for a second node is cut to 1 s);
+exit 0 is the acceptance test's (tests/test_hf_elastic.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def launch(worker: str, tmp_path: Path) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "airflow_provider_spotsched.runtime.launch", "--nnodes=1:2",
                "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+               "--rdzv-conf=last_call_timeout=1",  # one node is all there is: don't wait 30 s for a second
                "--max-restarts=0", "--no-python", "bash", "-c", worker]
     return subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
