@@ -83,7 +83,9 @@ def test_the_tab_of_a_finished_task_shows_its_report(api, db_copy, chromium, tmp
     result = sample_result()
     with BrowserPage(chromium, tmp_path / "profile", width=1400) as page:
         page.open(_tab_url(api, db_copy, FINISHED_TASK), cookies={"_token": api.token})
-        page.wait_until(_frame("d.body.innerText.includes('finished, deadline met')"), what="the finished report")
+        # innerText of a frame still being parsed holds only its top: wait for the whole document
+        page.wait_until(_frame("d.readyState === 'complete' && d.body.innerText.includes('finished, deadline met')"),
+                        what="the finished report, loaded whole")
         # the frame can load before the UI has drawn the task's tabs around it
         page.wait_until("document.body.innerText.includes('Spot run report')", what="the tab named in the task's tabs")
         text = page.evaluate(_frame("d.body.innerText"))
