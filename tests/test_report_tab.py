@@ -97,7 +97,8 @@ def test_the_tab_of_a_finished_task_shows_its_report(api, db_copy, chromium, tmp
 def test_the_tab_of_a_running_task_redraws_between_polls_and_stops_when_it_ends(api, db_copy, chromium, tmp_path):
     with BrowserPage(chromium, tmp_path / "profile", width=1400) as page:
         page.open(_tab_url(api, db_copy, IN_PROGRESS_TASK), cookies={"_token": api.token})
-        page.wait_until(_frame("d.body.innerText.includes('in progress')"), what="the running report")
+        page.wait_until(_frame("d.readyState === 'complete' && d.body.innerText.includes('in progress')"),
+                        what="the running report, loaded whole")
         assert page.evaluate(_frame("d.getElementById('report').dataset.live")).endswith("/live.json")
         first = page.evaluate(_frame("d.getElementById('report').dataset.version"))
         assert f"Slots decided\t{IN_PROGRESS_SLOTS}" in page.evaluate(_frame("d.body.innerText"))
