@@ -35,9 +35,10 @@ from tests.run_log_samples import CHARTS, POOLS, sample_in_progress_log, sample_
 pytestmark = pytest.mark.deployment
 
 TAB_ROUTE = "spot-run-report"
-# the report inside the tab's iframe, as the UI embeds it (null until the frame has loaded it)
+# the report inside the tab's iframe, as the UI embeds it (null until the frame has loaded it whole:
+# the innerText of a document still being parsed holds only its top)
 IN_FRAME = "(() => { const f = document.querySelector('iframe'); const d = f && f.contentDocument; " \
-           "return d && d.getElementById('report') ? d : null; })()"
+           "return d && d.readyState === 'complete' && d.getElementById('report') ? d : null; })()"
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +84,7 @@ def test_the_tab_of_a_finished_task_shows_its_report(api, db_copy, chromium, tmp
     result = sample_result()
     with BrowserPage(chromium, tmp_path / "profile", width=1400) as page:
         page.open(_tab_url(api, db_copy, FINISHED_TASK), cookies={"_token": api.token})
-        # innerText of a frame still being parsed holds only its top: wait for the whole document
-        page.wait_until(_frame("d.readyState === 'complete' && d.body.innerText.includes('finished, deadline met')"),
-                        what="the finished report, loaded whole")
+        page.wait_until(_frame("d.body.innerText.includes('finished, deadline met')"), what="the finished report")
         # the frame can load before the UI has drawn the task's tabs around it
         page.wait_until("document.body.innerText.includes('Spot run report')", what="the tab named in the task's tabs")
         text = page.evaluate(_frame("d.body.innerText"))
@@ -97,8 +96,7 @@ def test_the_tab_of_a_finished_task_shows_its_report(api, db_copy, chromium, tmp
 def test_the_tab_of_a_running_task_redraws_between_polls_and_stops_when_it_ends(api, db_copy, chromium, tmp_path):
     with BrowserPage(chromium, tmp_path / "profile", width=1400) as page:
         page.open(_tab_url(api, db_copy, IN_PROGRESS_TASK), cookies={"_token": api.token})
-        page.wait_until(_frame("d.readyState === 'complete' && d.body.innerText.includes('in progress')"),
-                        what="the running report, loaded whole")
+        page.wait_until(_frame("d.body.innerText.includes('in progress')"), what="the running report")
         assert page.evaluate(_frame("d.getElementById('report').dataset.live")).endswith("/live.json")
         first = page.evaluate(_frame("d.getElementById('report').dataset.version"))
         assert f"Slots decided\t{IN_PROGRESS_SLOTS}" in page.evaluate(_frame("d.body.innerText"))
