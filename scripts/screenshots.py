@@ -36,7 +36,8 @@ from tests.report_airflow import serve_api  # noqa: E402
 DAG_ID, TASK_ID = "spot_finetune_demo", "fine_tune"
 WIDTH = 1400
 IN_FRAME = "(() => { const f = document.querySelector('iframe'); const d = f && f.contentDocument; " \
-           "return d && d.getElementById('report') && d.body.innerText.includes('finished') ? 1 : 0; })()"
+           "return d && d.readyState === 'complete' && d.getElementById('report') " \
+           "&& d.body.innerText.includes('finished') ? 1 : 0; })()"
 
 
 def main() -> None:
