@@ -283,3 +283,23 @@ def test_a_report_stamped_after_the_decision_that_read_it_is_timed_by_the_decisi
     its stamps are not trusted, and the slots are timed as without them."""
     ahead = lagging_reports(gcp_market, lambda at: (at + timedelta(hours=1)).isoformat())
     assert ahead == lagging_reports(gcp_market, None)
+
+
+def test_slots_decided_back_to_back_after_a_gap_are_no_measurement(gcp_market):
+    """A retry that re-attaches after the task was down for two slots decides them at once: the
+    second slot then spans a millisecond and the few samples reported in it, read as a rate,
+    sent the estimate's spread, and so its lower bound, to the floor and the job to on-demand
+    on a calm market (the fault suite's worker-kill test, under load). Such a slot says nothing."""
+    job = make_job(work=30.0, deadline_hours=60.0, max_instances=1, value=100.0, reconfig_overhead_hours=0.25)
+    run = OnlineRun.start(RunConfig("run-gap", job, gcp_market.pools, policy="on-demand"), gcp_market.prefix(HISTORY + 1), NOW)
+    rate = job.rate(1)
+    decided = [NOW, NOW + timedelta(hours=1), NOW + timedelta(hours=3), NOW + timedelta(hours=3, milliseconds=1)]
+    work = [0.0, 0.75 * rate, 2.75 * rate, 2.75 * rate + 0.05]
+    factors = []
+    for at, done in zip(decided, work):
+        record = run.decide(done, at)
+        factors.append(record.throughput["alpha"] / job.throughput.alpha)
+        run.applied(Allocation(tuple(record.allocation["spot"].get(p, 0) for p in run.config.pools), record.allocation["on_demand"]))
+        row = HISTORY + run.slot
+        run.observe(gcp_market.spot_price[row + 1], gcp_market.available[row + 1])
+    assert factors == pytest.approx([1.0] * 4)

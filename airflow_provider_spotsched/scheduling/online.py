@@ -559,9 +559,12 @@ class OnlineRun:
         last checkpoint: timed by the decisions, one slot reads slow and the next fast, and the
         spread drags the estimate's lower bound down. Skipped: a slot with nothing recorded as
         applied; one with a preemption, whose lost instances and work rolled back to a checkpoint
-        say nothing about H(n); and one that (re)starts workers, whose start measures the
+        say nothing about H(n); one that (re)starts workers, whose start measures the
         reconfiguration overhead rather than H(n): a slow start (a loaded host, a cold image) read
-        as throughput sent the demo to on-demand for good.
+        as throughput sent the demo to on-demand for good; and one timed over less than half a
+        slot, such as the slots a re-attached run decides back to back after a gap: the work
+        of the gap falls to the slot before, and the few samples left over a millisecond, read
+        as a rate, spread the measurements so far that the lower bound hit its floor.
         """
         job, pools = self.config.job, self.config.pools
         estimate = ThroughputEstimate(job.throughput)
@@ -574,7 +577,8 @@ class OnlineRun:
             applied = allocation_from_dict(record.applied or {}, pools)
             if record.applied is not None and record.preemptions <= preemptions and applied == previous:
                 hours = self._measured_span(decided_before, start[1:], end[1:])
-                estimate.observe(applied.total, hours, max(end[0] - start[0], 0.0))
+                if hours >= job.slot_hours / 2:
+                    estimate.observe(applied.total, hours, max(end[0] - start[0], 0.0))
             previous, preemptions, decided_before = applied, record.preemptions, start[1]
         return estimate
 
