@@ -16,6 +16,8 @@ from airflow_provider_spotsched.scheduling.policies.prediction_free import Predi
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.replay import simulate
+from airflow_provider_spotsched.scheduling.rules import safety_net_allocation, soft_deadline_lost
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 from tests.markets import make_job, make_market, whole
 
 IDLE = Allocation((0, 0), 0)
@@ -202,3 +204,57 @@ def test_prediction_free_spot_premium_runs_ahead_only_on_the_cheapest_offers():
     assert thrifty.outcome.cost < plain.outcome.cost and not thrifty.outcome.soft_miss
     with pytest.raises(ValueError, match="spot_premium must be >= 0"):
         make_policy("prediction-free", {"spot_premium": -1})
+
+
+# --- the safety net once the soft deadline is lost ---------------------------------------------
+
+
+def late_observation(job, previous: Allocation, work_done: float, slot: int, prices: list[float]) -> Observation:
+    """Slot ``slot`` of ``job`` with two instances offered in each pool at ``prices``."""
+    past = make_market([prices] * (slot + 1), [[2] * len(prices)] * (slot + 1))
+    return Observation(job, slot, past, 0, work_done, 0.0, previous)
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [("greedy", {}), ("uniform-progress", {}), ("prediction-free", {}), ("chc", {}), ("prediction-free", {"guard": 1.2})],
+)
+def test_a_job_that_can_no_longer_meet_its_soft_deadline_finishes_on_spot_not_on_demand(name, params):
+    # the job works at half its declared speed: even N_max on-demand from slot 1 on ends after
+    # d = 6 h, so the value decays whatever runs; spot at a third of on-demand is as fast, and the
+    # hard deadline (12 h) leaves room for it
+    job = make_job(hard_deadline_factor=2.0)
+    result = simulate(make_policy(name, params), job, whole(market([1.0, 1.0], [[2, 2]])), TrueThroughput(0.5))
+    assert all(a.on_demand == 0 for a in result.allocations), result.allocations
+    assert result.outcome.completion_hours == pytest.approx(8.0)
+    assert result.outcome.soft_miss and not result.outcome.hard_miss
+    assert result.outcome.cost == pytest.approx(2 * 1.0 * 8)
+
+
+@pytest.mark.parametrize("overhead, chosen", [(0.25, spot(2, 0)), (0.0, spot(0, 2))])
+def test_late_the_previous_spot_is_kept_unless_moving_saves_more_than_the_restart_costs(overhead, chosen):
+    # slot 5 of 8 units with 2 done: on-demand would end at 8 h > d = 6 h. Moving from pool 0
+    # (1.4) to pool 1 (1.2) saves 0.4 USD a slot; with 0.25 h lost the restart costs
+    # 0.25 * (2.4 USD/h + the value's fall of 30 / 3 h) = 3.1
+    job = make_job(reconfig_overhead_hours=overhead)
+    observation = late_observation(job, spot(2, 0), 2.0, 5, [1.4, 1.2])
+    assert soft_deadline_lost(observation)
+    assert safety_net_allocation(observation) == chosen
+
+
+@pytest.mark.parametrize("hard_factor, chosen", [(1.5, od(2)), (2.0, spot(2, 0))])
+def test_late_spot_runs_only_where_the_hard_deadline_leaves_room_for_its_restart(hard_factor, chosen):
+    # slot 5, 7.5 units left: on-demand kept ends at 8.75 h, after d = 6 h. Moving to spot loses
+    # 0.25 h: on-demand from slot 6 would then end at 9.25 h, after a hard deadline of 9 h
+    job = make_job(reconfig_overhead_hours=0.25, hard_deadline_factor=hard_factor)
+    observation = late_observation(job, od(2), 0.5, 5, [1.0, 1.0])
+    assert soft_deadline_lost(observation)
+    assert safety_net_allocation(observation) == chosen
+
+
+def test_the_safety_net_stays_on_demand_while_the_soft_deadline_can_be_met():
+    # slot 2, 8 units left: N_max on-demand ends at 6 h = d, which spot with a restart would miss
+    job = make_job(reconfig_overhead_hours=0.25)
+    observation = late_observation(job, od(2), 0.0, 2, [0.5, 0.5])
+    assert not soft_deadline_lost(observation)
+    assert safety_net_allocation(observation) == od(2)

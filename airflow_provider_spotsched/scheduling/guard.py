@@ -31,7 +31,7 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, Progress, advance, shown
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.scheduling.rules import fits, is_deadline_safe, on_demand_fallback
+from airflow_provider_spotsched.scheduling.rules import fits, is_deadline_safe, safety_net_allocation
 
 DEFAULT_GUARD = 1.2
 """The default factor 1 + lambda, from a 1.25 x UP target: a job the guard never hands over costs
@@ -101,7 +101,7 @@ class GuardedPolicy(Policy):
         self.tracked_slots = 0
         """Slots before the switch that ran the shadow's allocation instead of ``inner``'s choice."""
         self.safety_net_at: int | None = None
-        """The slot from which, after the switch, the deadline safety net runs N_max on-demand."""
+        """The slot from which, after the switch, the deadline safety net runs the job."""
 
     @property
     def forecaster(self) -> Forecaster | None:
@@ -214,13 +214,12 @@ class GuardedPolicy(Policy):
         own restart counted). Once level it stays level: the same allocations make the same
         progress. Still behind once the shadow has finished, it keeps its N_max instances while
         they run at no more than on-demand prices (a restart would lose work), else runs N_max
-        on-demand. A choice that is not deadline-safe hands the job to N_max on-demand for good,
-        exactly as every policy's safety net does.
+        on-demand. A choice that is not deadline-safe hands the job to the safety net for good,
+        exactly as every policy's does.
         """
         job, shadow = observation.job, self._shadow_progress
-        fallback = on_demand_fallback(job, observation.past.num_pools)
         if self.safety_net_at is not None:
-            return fallback
+            return safety_net_allocation(observation)
         finished_before = shadow.done and shadow.slot <= observation.slot
         if finished_before and self._keeps(observation):
             return observation.previous
@@ -233,7 +232,7 @@ class GuardedPolicy(Policy):
         if is_deadline_safe(job, observation, choice):
             return choice
         self.safety_net_at = observation.slot
-        return fallback
+        return safety_net_allocation(observation)
 
     def _keeps(self, observation: Observation) -> bool:
         """Whether the previous allocation can run on: N_max instances, still offered, each at

@@ -2,8 +2,9 @@
 
 Every online policy answers two questions each slot: how to place ``n`` instances at the least
 cost right now (:func:`cheapest_allocation`), and whether a choice still leaves the job able to
-finish by its soft deadline on ``N_max`` on-demand instances (:func:`is_deadline_safe`). Keeping
-both here means the deadline guarantee is written once.
+finish by its soft deadline on ``N_max`` on-demand instances (:func:`is_deadline_safe`); where it
+does not, the policy runs the safety net (:func:`safety_net_allocation`). Keeping them here means
+the deadline guarantee is written once.
 """
 
 from __future__ import annotations
@@ -93,30 +94,88 @@ def on_demand_cost(job: Job, on_demand_price: float) -> float:
     return evaluate(job, [fallback] * job.horizon_slots, prices, on_demand_price).cost
 
 
-def is_deadline_safe(job: Job, observation: Observation, allocation: Allocation, margin_hours: float = 0.0) -> bool:
+def is_deadline_safe(
+    job: Job,
+    observation: Observation,
+    allocation: Allocation,
+    margin_hours: float = 0.0,
+    deadline_hours: float | None = None,
+) -> bool:
     """Whether, after running ``allocation`` this slot, N_max on-demand still meets the deadline.
 
-    The fallback from the next slot on pays one reconfiguration overhead, unless ``allocation``
-    already is that fallback. ``margin_hours`` keeps extra slack in reserve. An allocation that
-    completes the job in this slot is safe when it completes by the deadline: a slot may end
-    after d, and finishing inside it late is a miss.
+    The deadline is the soft one unless ``deadline_hours`` says otherwise. The fallback from the
+    next slot on pays one reconfiguration overhead, unless ``allocation`` already is that
+    fallback. ``margin_hours`` keeps extra slack in reserve. An allocation that completes the job
+    in this slot is safe when it completes by the deadline: a slot may end after it, and
+    finishing inside it late is a miss.
     """
+    deadline = job.deadline_hours if deadline_hours is None else deadline_hours
     work = observation.remaining_work
     progress = slot_progress(job, allocation, observation.previous)
     if allocation.total and progress >= work - WORK_EPSILON:
         overhead = job.reconfig_overhead_hours if allocation != observation.previous else 0.0
         finish = observation.hours + overhead + work / job.rate(allocation.total)
-        return finish <= job.deadline_hours + 1e-9  # the model's round-off allowance for a soft miss
+        return finish <= deadline + 1e-9  # the model's round-off allowance for a soft miss
     remaining = work - progress
     fallback = on_demand_fallback(job, len(allocation.spot))
     overhead = 0.0 if allocation == fallback else job.reconfig_overhead_hours
     next_start = observation.hours + job.slot_hours
-    hours_left = job.deadline_hours - next_start - overhead - margin_hours
+    hours_left = deadline - next_start - overhead - margin_hours
     return hours_left * job.rate(job.max_instances) >= remaining - WORK_EPSILON
 
 
-def safe_or_fallback(job: Job, observation: Observation, allocation: Allocation, margin_hours: float = 0.0) -> Allocation:
-    """``allocation`` if it is deadline-safe, else the on-demand fallback (which always is)."""
-    if is_deadline_safe(job, observation, allocation, margin_hours):
-        return allocation
-    return on_demand_fallback(job, len(allocation.spot))
+def soft_deadline_lost(observation: Observation) -> bool:
+    """Whether even N_max on-demand instances from this slot to the end finish after the soft deadline."""
+    job = observation.job
+    return not is_deadline_safe(job, observation, on_demand_fallback(job, observation.past.num_pools))
+
+
+def safety_net_allocation(observation: Observation) -> Allocation:
+    """What the safety net runs this slot: N_max on-demand, which meets the soft deadline wherever
+    anything still can; once nothing can, :func:`late_allocation`."""
+    if soft_deadline_lost(observation):
+        return late_allocation(observation)
+    return on_demand_fallback(observation.job, observation.past.num_pools)
+
+
+def late_allocation(observation: Observation) -> Allocation:
+    """N_max instances, the cheapest spot first, for a job past saving its soft deadline.
+
+    The value now falls linearly to zero at the hard deadline, so the job still finishes as
+    early as it can, on N_max instances; but a spot instance works as fast as an on-demand one
+    for less, and no soft deadline is left for a restart's lost time to threaten. Running on
+    on-demand alone, as the safety net does while the soft deadline can be met, would pay the
+    on-demand price for the rest of a late job (e.g. a throughput declared too high).
+
+    The previous allocation is kept while it still runs N_max instances, each at no more than the
+    on-demand price, unless the cheapest one saves more in a slot than the restart costs: its bill
+    and the value lost over the overhead's ``delta`` hours. Whatever runs must leave N_max
+    on-demand from the next slot able to finish by the hard deadline; else N_max on-demand.
+    """
+    job, previous = observation.job, observation.previous
+    prices, on_demand_price = observation.spot_price, observation.on_demand_price
+    fallback = on_demand_fallback(job, observation.past.num_pools)
+    cheapest = cheapest_allocation(job.max_instances, prices, observation.available, on_demand_price)
+    choice = cheapest
+    if (
+        previous != cheapest
+        and previous.total == job.max_instances
+        and fits(previous, observation.available)
+        and all(prices[m] <= on_demand_price for m, n in enumerate(previous.spot) if n)
+    ):
+        saving = (_hourly_bill(previous, prices, on_demand_price) - _hourly_bill(cheapest, prices, on_demand_price)) * job.slot_hours
+        restart = job.reconfig_overhead_hours * (_hourly_bill(cheapest, prices, on_demand_price) + _value_lost_per_hour(job))
+        if saving <= restart:
+            choice = previous
+    hard = job.hard_deadline_hours
+    return choice if is_deadline_safe(job, observation, choice, deadline_hours=hard) else fallback
+
+
+def _hourly_bill(allocation: Allocation, spot_prices: Sequence[float], on_demand_price: float) -> float:
+    return float(np.dot(allocation.spot, spot_prices)) + allocation.on_demand * on_demand_price
+
+
+def _value_lost_per_hour(job: Job) -> float:
+    """How fast V(T) falls after the soft deadline (none where it drops to zero at once)."""
+    late_hours = job.hard_deadline_hours - job.deadline_hours
+    return job.value / late_hours if late_hours > 0 else 0.0

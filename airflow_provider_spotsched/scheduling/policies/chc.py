@@ -21,8 +21,8 @@ job keeps pace (``defer_on_demand``): a planned slot's on-demand instances are d
 rest re-planned next slot, while its spot alone keeps the job on Uniform Progress's line and
 deadline-safe with a slot to spare. Reality overrides the plan: a committed allocation that
 exceeds what the market offers now triggers a re-plan on the spot, and every decision passes
-:func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` or becomes the on-demand
-fallback.
+:func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` or becomes the safety net's
+allocation (:func:`~airflow_provider_spotsched.scheduling.rules.safety_net_allocation`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from airflow_provider_spotsched.scheduling.rules import (
     fits,
     is_deadline_safe,
     on_demand_fallback,
+    safety_net_allocation,
     slot_progress,
     spot_only,
 )
@@ -171,7 +172,7 @@ class CHCPolicy(Policy):
             choice = waiting
         if not is_deadline_safe(job, observation, choice):
             self._committed, self._counted = [], []
-            return on_demand_fallback(job, observation.past.num_pools)
+            return safety_net_allocation(observation)
         return choice
 
     def _waiting(self, observation: Observation, choice: Allocation) -> Allocation | None:

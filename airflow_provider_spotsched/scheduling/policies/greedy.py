@@ -5,7 +5,8 @@ Rule: run on spot whenever it is available, in the cheapest pools first, up to N
 pause while fewer than N_min spot instances are on offer. As soon as running that for one more
 slot would leave too little slack for N_max on-demand instances to finish by the soft deadline
 (the Safety Net Rule, :func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe`),
-switch to N_max on-demand instances and stay there until the job completes.
+switch to N_max on-demand instances and stay there until the job completes (spot first once
+not even that can meet the soft deadline: :mod:`.safety_net`).
 
 Spot pools priced above on-demand are never used: they cost more for the same progress.
 """

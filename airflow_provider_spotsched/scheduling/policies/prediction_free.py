@@ -14,7 +14,8 @@ Rule, each slot, with a reserve of ``safety_slots`` slots kept before the soft d
    once the new choice's lost delta is counted.
 4. Fall back: when the slack with the reserve runs out
    (:func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` with the reserve as
-   margin), switch to N_max on-demand and stay there until completion.
+   margin), switch to N_max on-demand and stay there until completion (the net of
+   :mod:`.safety_net`).
 
 With ``spot_premium`` set, spot run ahead of need (rule 2's waiting phase) is further limited to
 pools priced within that share of the cheapest spot offer now: with slack to spare, a few

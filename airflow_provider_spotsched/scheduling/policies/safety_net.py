@@ -2,7 +2,10 @@
 
 A policy's own choice stands while it is deadline-safe; after the first choice that is not, the
 job runs N_max on-demand instances until completion. Once on that fallback, switching back to
-spot would cost a reconfiguration the remaining slack can no longer pay for.
+spot would cost a reconfiguration the remaining slack can no longer pay for. Only a job that not
+even the fallback can finish by its soft deadline any more (a throughput that proved lower than
+declared) runs N_max instances with spot first instead, up to its hard deadline
+(:func:`~airflow_provider_spotsched.scheduling.rules.late_allocation`).
 """
 
 from __future__ import annotations
@@ -11,26 +14,26 @@ from abc import abstractmethod
 
 from airflow_provider_spotsched.scheduling.model import Allocation, Job
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, on_demand_fallback
+from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, safety_net_allocation
 
 
 class SafetyNetPolicy(Policy):
-    """Runs :meth:`choose` while it is deadline-safe, then N_max on-demand for good."""
+    """Runs :meth:`choose` while it is deadline-safe, then the safety net (N_max on-demand) for good."""
 
     def __init__(self) -> None:
-        self._on_demand = False
+        self._on_safety_net = False
 
     def reset(self, job: Job) -> None:
-        self._on_demand = False
+        self._on_safety_net = False
 
     def decide(self, observation: Observation) -> Allocation:
         job = observation.job
-        if not self._on_demand:
+        if not self._on_safety_net:
             choice = self.choose(observation)
             if is_deadline_safe(job, observation, choice, margin_hours=self.reserve_hours(job)):
                 return choice
-            self._on_demand = True
-        return on_demand_fallback(job, observation.past.num_pools)
+            self._on_safety_net = True
+        return safety_net_allocation(observation)
 
     @abstractmethod
     def choose(self, observation: Observation) -> Allocation:

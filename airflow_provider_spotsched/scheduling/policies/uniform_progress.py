@@ -12,7 +12,8 @@ t. Rules, each slot, with cp the work done so far:
    and it still keeps pace with the line, so that the on-demand run banks enough progress to
    pay for the reconfigurations of the next switch instead of flapping every slot.
 4. Safety net: as soon as the choice would leave too little slack for N_max on-demand instances
-   to finish by the soft deadline, switch to N_max on-demand and stay there until completion.
+   to finish by the soft deadline, switch to N_max on-demand and stay there until completion
+   (spot first once not even that can meet the soft deadline: :mod:`.safety_net`).
 
 Pausing (the idle state) happens when there is no spot to use and the job is on or above the line.
 """
