@@ -209,10 +209,14 @@ def test_prediction_free_spot_premium_runs_ahead_only_on_the_cheapest_offers():
 # --- the safety net once the soft deadline is lost ---------------------------------------------
 
 
-def late_observation(job, previous: Allocation, work_done: float, slot: int, prices: list[float]) -> Observation:
-    """Slot ``slot`` of ``job`` with two instances offered in each pool at ``prices``."""
-    past = make_market([prices] * (slot + 1), [[2] * len(prices)] * (slot + 1))
-    return Observation(job, slot, past, 0, work_done, 0.0, previous)
+def late_observation(
+    job, previous: Allocation, work_done: float, slot: int, prices: list[float], history: list[list[int]] | None = None
+) -> Observation:
+    """Slot ``slot`` of ``job`` at constant ``prices``; ``history`` gives the counts offered per
+    slot up to this one (default: two instances in every pool throughout)."""
+    rows = history or [[2] * len(prices)] * (slot + 1)
+    past = make_market([prices] * len(rows), rows)
+    return Observation(job, slot, past, len(rows) - slot - 1, work_done, 0.0, previous)
 
 
 @pytest.mark.parametrize(
@@ -244,10 +248,33 @@ def test_late_the_previous_spot_is_kept_unless_moving_saves_more_than_the_restar
 
 @pytest.mark.parametrize("hard_factor, chosen", [(1.5, od(2)), (2.0, spot(2, 0))])
 def test_late_spot_runs_only_where_the_hard_deadline_leaves_room_for_its_restart(hard_factor, chosen):
-    # slot 5, 7.5 units left: on-demand kept ends at 8.75 h, after d = 6 h. Moving to spot loses
-    # 0.25 h: on-demand from slot 6 would then end at 9.25 h, after a hard deadline of 9 h
+    # slot 5, 7.5 units left on one spot instance: on-demand from now ends at 9 h, after
+    # d = 6 h. Moving to two spot instances loses 0.25 h: on-demand from slot 6 would then end at
+    # 9.25 h, after a hard deadline of 9 h
     job = make_job(reconfig_overhead_hours=0.25, hard_deadline_factor=hard_factor)
+    observation = late_observation(job, spot(1, 0), 0.5, 5, [1.0, 1.0])
+    assert soft_deadline_lost(observation)
+    assert safety_net_allocation(observation) == chosen
+
+
+def test_late_a_job_on_n_max_on_demand_stays_there():
+    # as the safety net's rule has it: leaving costs a restart, and the estimate may call late
+    # a job that on-demand would still bring in on time
+    job = make_job(reconfig_overhead_hours=0.25, hard_deadline_factor=2.0)
     observation = late_observation(job, od(2), 0.5, 5, [1.0, 1.0])
+    assert soft_deadline_lost(observation)
+    assert safety_net_allocation(observation) == od(2)
+
+
+@pytest.mark.parametrize("flapping, chosen", [(False, spot(2)), (True, od(2, pools=1))])
+def test_late_spot_that_keeps_being_taken_away_is_not_worth_its_restarts(flapping, chosen):
+    # slot 24, one pool at 2.5 USD against 3 on-demand: two spot instances save 1 USD a slot,
+    # and a restart costs 0.25 h * (5 USD/h + the value's fall of 30 / 24 h) = 1.56. Offered
+    # throughout, they were never taken away (1 / 26 restarts a slot); offered every other slot,
+    # after each slot they ran (13 / 14)
+    job = make_job(reconfig_overhead_hours=0.25, hard_deadline_factor=2.0, work=60.0, deadline_hours=24.0)
+    history = [[2 if not flapping or t % 2 == 0 else 0] for t in range(25)]
+    observation = late_observation(job, spot(1), 20.0, 24, [2.5], history)
     assert soft_deadline_lost(observation)
     assert safety_net_allocation(observation) == chosen
 
@@ -256,5 +283,14 @@ def test_the_safety_net_stays_on_demand_while_the_soft_deadline_can_be_met():
     # slot 2, 8 units left: N_max on-demand ends at 6 h = d, which spot with a restart would miss
     job = make_job(reconfig_overhead_hours=0.25)
     observation = late_observation(job, od(2), 0.0, 2, [0.5, 0.5])
+    assert not soft_deadline_lost(observation)
+    assert safety_net_allocation(observation) == od(2)
+
+
+def test_a_job_late_by_less_than_a_restart_is_not_yet_lost():
+    # slot 2, 7.9 units left on spot: on-demand from now (with its restart) ends at
+    # 2 + 0.25 + 3.95 = 6.2 h, within a restart of d = 6 h: the estimate errs low, so not lost
+    job = make_job(work=7.9, reconfig_overhead_hours=0.25)
+    observation = late_observation(job, spot(2, 0), 0.0, 2, [1.0, 1.0])
     assert not soft_deadline_lost(observation)
     assert safety_net_allocation(observation) == od(2)

@@ -125,14 +125,22 @@ def is_deadline_safe(
 
 
 def soft_deadline_lost(observation: Observation) -> bool:
-    """Whether even N_max on-demand instances from this slot to the end finish after the soft deadline."""
+    """Whether even N_max on-demand instances from this slot to the end would finish more than one
+    restart (``delta`` hours) after the soft deadline.
+
+    The margin is there because the throughput estimate errs low: a job it calls late by less
+    than a restart may still meet its soft deadline on on-demand, and leaving on-demand for spot
+    would cost it that restart.
+    """
     job = observation.job
-    return not is_deadline_safe(job, observation, on_demand_fallback(job, observation.past.num_pools))
+    fallback = on_demand_fallback(job, observation.past.num_pools)
+    return not is_deadline_safe(job, observation, fallback, deadline_hours=job.deadline_hours + job.reconfig_overhead_hours)
 
 
 def safety_net_allocation(observation: Observation) -> Allocation:
     """What the safety net runs this slot: N_max on-demand, which meets the soft deadline wherever
-    anything still can; once nothing can, :func:`late_allocation`."""
+    anything still can; once the soft deadline is lost (:func:`soft_deadline_lost`),
+    :func:`late_allocation`."""
     if soft_deadline_lost(observation):
         return late_allocation(observation)
     return on_demand_fallback(observation.job, observation.past.num_pools)
@@ -147,28 +155,59 @@ def late_allocation(observation: Observation) -> Allocation:
     on-demand alone, as the safety net does while the soft deadline can be met, would pay the
     on-demand price for the rest of a late job (e.g. a throughput declared too high).
 
-    The previous allocation is kept while it still runs N_max instances, each at no more than the
-    on-demand price, unless the cheapest one saves more in a slot than the restart costs: its bill
-    and the value lost over the overhead's ``delta`` hours. Whatever runs must leave N_max
-    on-demand from the next slot able to finish by the hard deadline; else N_max on-demand.
+    Every restart now delays the end by ``delta`` hours, and value with it, so spot must save more
+    than its restarts cost, each priced at its bill and the value lost over ``delta``:
+
+    - a job on N_max on-demand stays there, as the safety net's own rule has it (which also covers
+      a job that the estimate, erring low, calls late but that may still meet its soft deadline);
+    - the previous allocation, while it runs N_max instances at no more than the on-demand price
+      each, is kept unless the cheapest one saves more in a slot than moving costs;
+    - otherwise the cheapest runs if its saving over on-demand in a slot exceeds its expected
+      restarts per slot (:func:`restarts_per_slot`) times a restart's cost, and the saving over
+      the rest of the job exceeds the restart of moving to it; else N_max on-demand.
+
+    Whatever runs must leave N_max on-demand from the next slot able to finish by the hard
+    deadline; else N_max on-demand.
     """
     job, previous = observation.job, observation.previous
     prices, on_demand_price = observation.spot_price, observation.on_demand_price
     fallback = on_demand_fallback(job, observation.past.num_pools)
+    if previous == fallback:
+        return fallback
+
+    def restart_cost(allocation: Allocation) -> float:
+        return job.reconfig_overhead_hours * (_hourly_bill(allocation, prices, on_demand_price) + _value_lost_per_hour(job))
+
     cheapest = cheapest_allocation(job.max_instances, prices, observation.available, on_demand_price)
-    choice = cheapest
+    saving = _hourly_bill(fallback, prices, on_demand_price) - _hourly_bill(cheapest, prices, on_demand_price)
+    hours_left = observation.remaining_work / job.rate(job.max_instances)
+    choice = fallback
     if (
-        previous != cheapest
-        and previous.total == job.max_instances
+        previous.total == job.max_instances
         and fits(previous, observation.available)
         and all(prices[m] <= on_demand_price for m, n in enumerate(previous.spot) if n)
     ):
-        saving = (_hourly_bill(previous, prices, on_demand_price) - _hourly_bill(cheapest, prices, on_demand_price)) * job.slot_hours
-        restart = job.reconfig_overhead_hours * (_hourly_bill(cheapest, prices, on_demand_price) + _value_lost_per_hour(job))
-        if saving <= restart:
-            choice = previous
+        moving_saves = (_hourly_bill(previous, prices, on_demand_price) - _hourly_bill(cheapest, prices, on_demand_price)) * job.slot_hours
+        choice = cheapest if moving_saves > restart_cost(cheapest) else previous
+    else:
+        outsaves_restarts = saving * job.slot_hours > restarts_per_slot(observation, cheapest) * restart_cost(cheapest)
+        if outsaves_restarts and saving * hours_left > restart_cost(cheapest):
+            choice = cheapest
     hard = job.hard_deadline_hours
     return choice if is_deadline_safe(job, observation, choice, deadline_hours=hard) else fallback
+
+
+def restarts_per_slot(observation: Observation, allocation: Allocation, lookback_slots: int = 24) -> float:
+    """How often ``allocation``'s spot instances were taken away over the last ``lookback_slots``
+    slots of the market: the slots after which a pool no longer offered them, per slot they were
+    all offered, with one loss and one keep added (Laplace), so a history that never offered them
+    reads as one restart in two slots."""
+    available = observation.past.available[-(lookback_slots + 1) :]
+    spot = Allocation(allocation.spot, 0)
+    offered = [fits(spot, row) for row in available]
+    exposed = sum(offered[:-1])
+    lost = sum(1 for before, after in zip(offered[:-1], offered[1:]) if before and not after)
+    return (lost + 1) / (exposed + 2)
 
 
 def _hourly_bill(allocation: Allocation, spot_prices: Sequence[float], on_demand_price: float) -> float:
