@@ -231,6 +231,21 @@ def test_an_online_run_estimates_as_the_simulator_does_across_restarts(gcp_marke
     assert log[-1]["throughput"]["alpha"] < SLOWER  # the slowdown was measured too
 
 
+def test_an_online_run_past_its_soft_deadline_finishes_on_spot_as_the_simulator_does(gcp_market):
+    # 60 units on 4 instances at 1/1.3 of the declared speed take 19.5 h against d = 16 h: lost
+    # from the first measured slot. The late safety net keeps the job on spot (resumed from
+    # JSON every slot), where it ran N_max on-demand to the end before
+    job = make_job(work=60.0, deadline_hours=16.0, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
+    truth = TrueThroughput(SLOWER)
+    config = RunConfig("run-late", job, gcp_market.pools, policy="uniform-progress")
+    run = drive_slower(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, truth)
+    reference = simulate(make_policy("uniform-progress", {}), job, JobMarket(gcp_market, HISTORY), truth)
+    assert reference.outcome.soft_miss and not reference.outcome.hard_miss
+    assert run.result()["cost"] == pytest.approx(reference.outcome.cost, rel=1e-9)
+    assert run.result()["completion_hours"] == pytest.approx(reference.outcome.completion_hours)
+    assert all(entry["allocation"]["on_demand"] == 0 for entry in run.decision_log())
+
+
 def test_an_online_state_from_before_the_estimate_still_loads(gcp_market):
     run = OnlineRun.start(RunConfig("run-old", make_job(), gcp_market.pools), gcp_market.prefix(HISTORY + 1), NOW)
     run.decide(0.0, NOW)
