@@ -271,6 +271,10 @@ class Allocation:
     def idle(cls, num_pools: int) -> Allocation:
         return cls((0,) * num_pools, 0)
 
+    def hourly_price(self, spot_prices: Sequence[float], on_demand_price: float) -> float:
+        """USD an hour of running this allocation costs at ``spot_prices`` and ``on_demand_price``."""
+        return float(np.dot(self.spot, spot_prices)) + self.on_demand * on_demand_price
+
     def check(self, job: Job, available: Sequence[int]) -> None:
         """Raise ValueError if this allocation breaks a constraint of the spec's Decisions."""
         if len(self.spot) != len(available):
@@ -328,7 +332,7 @@ def advance(
     effective = max(s - job.reconfig_overhead_hours, 0.0) if reconfiguration else (s if n > 0 else 0.0)
     rate = job.rate(n)
     progress_made = effective * rate
-    hourly = float(np.dot(allocation.spot, spot_prices)) + allocation.on_demand * on_demand_price
+    hourly = allocation.hourly_price(spot_prices, on_demand_price)
     start = progress.slot * s
     completion = None
     billed_hours = s

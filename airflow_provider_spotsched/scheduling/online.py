@@ -303,7 +303,7 @@ class OnlineRun:
             allocation = policy.decide(observation)
             self._decided += 1
         allocation.check(job, self.market.available[-1])
-        hourly = _hourly(allocation, self.market.spot_price[-1], self.market.on_demand_price)
+        hourly = allocation.hourly_price(self.market.spot_price[-1], self.market.on_demand_price)
         if self.config.budget is not None and self.cost + hourly * job.slot_hours > self.config.budget + 1e-9:
             raise BudgetError(
                 f"slot {self.slot} would bring the cost to {self.cost + hourly * job.slot_hours:.2f} USD, over "
@@ -617,7 +617,7 @@ class OnlineRun:
         if record is None or record.applied is None or record.slot != self.slot:
             return 0.0
         applied = allocation_from_dict(record.applied, self.config.pools)
-        return hours * _hourly(applied, self.market.spot_price[-1], self.market.on_demand_price)
+        return hours * applied.hourly_price(self.market.spot_price[-1], self.market.on_demand_price)
 
     def _market_log(self) -> dict[str, dict[str, float]]:
         """The current slot's market, per pool, as the decision log shows it."""
@@ -655,9 +655,6 @@ def _report_stamp(training: Mapping[str, Any] | None) -> datetime | None:
     except ValueError:
         return None
 
-
-def _hourly(allocation: Allocation, spot_prices: Sequence[float], on_demand_price: float) -> float:
-    return float(np.dot(allocation.spot, spot_prices)) + allocation.on_demand * on_demand_price
 
 
 def _select(market: SlotMarket, pools: Sequence[str]) -> SlotMarket:

@@ -175,23 +175,21 @@ def late_allocation(observation: Observation) -> Allocation:
     if previous == fallback:
         return fallback
 
-    def restart_cost(allocation: Allocation) -> float:
-        return job.reconfig_overhead_hours * (_hourly_bill(allocation, prices, on_demand_price) + _value_lost_per_hour(job))
-
     cheapest = cheapest_allocation(job.max_instances, prices, observation.available, on_demand_price)
-    saving = _hourly_bill(fallback, prices, on_demand_price) - _hourly_bill(cheapest, prices, on_demand_price)
-    hours_left = observation.remaining_work / job.rate(job.max_instances)
+    bill = cheapest.hourly_price(prices, on_demand_price)
+    restart = job.reconfig_overhead_hours * (bill + _value_lost_per_hour(job))
     choice = fallback
     if (
         previous.total == job.max_instances
         and fits(previous, observation.available)
         and all(prices[m] <= on_demand_price for m, n in enumerate(previous.spot) if n)
     ):
-        moving_saves = (_hourly_bill(previous, prices, on_demand_price) - _hourly_bill(cheapest, prices, on_demand_price)) * job.slot_hours
-        choice = cheapest if moving_saves > restart_cost(cheapest) else previous
+        moving_saves = (previous.hourly_price(prices, on_demand_price) - bill) * job.slot_hours
+        choice = cheapest if moving_saves > restart else previous
     else:
-        outsaves_restarts = saving * job.slot_hours > restarts_per_slot(observation, cheapest) * restart_cost(cheapest)
-        if outsaves_restarts and saving * hours_left > restart_cost(cheapest):
+        saving = fallback.hourly_price(prices, on_demand_price) - bill
+        outsaves_restarts = saving * job.slot_hours > restarts_per_slot(observation, cheapest) * restart
+        if outsaves_restarts and saving * observation.remaining_work / job.rate(job.max_instances) > restart:
             choice = cheapest
     hard = job.hard_deadline_hours
     return choice if is_deadline_safe(job, observation, choice, deadline_hours=hard) else fallback
@@ -202,16 +200,10 @@ def restarts_per_slot(observation: Observation, allocation: Allocation, lookback
     slots of the market: the slots after which a pool no longer offered them, per slot they were
     all offered, with one loss and one keep added (Laplace), so a history that never offered them
     reads as one restart in two slots."""
-    available = observation.past.available[-(lookback_slots + 1) :]
-    spot = Allocation(allocation.spot, 0)
-    offered = [fits(spot, row) for row in available]
+    offered = [fits(allocation, row) for row in observation.past.available[-(lookback_slots + 1) :]]
     exposed = sum(offered[:-1])
     lost = sum(1 for before, after in zip(offered[:-1], offered[1:]) if before and not after)
     return (lost + 1) / (exposed + 2)
-
-
-def _hourly_bill(allocation: Allocation, spot_prices: Sequence[float], on_demand_price: float) -> float:
-    return float(np.dot(allocation.spot, spot_prices)) + allocation.on_demand * on_demand_price
 
 
 def _value_lost_per_hour(job: Job) -> float:

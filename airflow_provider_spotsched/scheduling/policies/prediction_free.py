@@ -31,8 +31,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
 from airflow_provider_spotsched.scheduling.policies.safety_net import SafetyNetPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
@@ -55,7 +53,7 @@ def paced_count(job: Job, remaining: float, hours: float) -> int:
 def unit_price(observation: Observation, allocation: Allocation, overhead: float) -> float:
     """USD per unit of work of one slot of ``allocation`` that loses ``overhead`` hours to a restart."""
     job = observation.job
-    hourly = float(np.dot(allocation.spot, observation.spot_price)) + allocation.on_demand * observation.on_demand_price
+    hourly = allocation.hourly_price(observation.spot_price, observation.on_demand_price)
     return hourly * job.slot_hours / ((job.slot_hours - overhead) * job.rate(allocation.total))
 
 
