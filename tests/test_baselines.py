@@ -257,6 +257,17 @@ def test_late_spot_runs_only_where_the_hard_deadline_leaves_room_for_its_restart
     assert safety_net_allocation(observation) == chosen
 
 
+def test_late_a_short_rest_of_the_job_does_not_keep_it_off_spot():
+    # slot 5, 2.4 units left on one spot instance, value 300 falling over 3 h (100 USD/h): moving
+    # to two spot instances or to two on-demand restarts the job either way, so spot (4 USD/h
+    # cheaper, never taken away) runs, although it saves only 4.8 USD over the last 1.2 h
+    # against a restart priced at 0.25 * (2 + 100) = 25.5
+    job = make_job(reconfig_overhead_hours=0.25, value=300.0)
+    observation = late_observation(job, spot(1, 0), 8.0 - 2.4, 5, [1.0, 1.0])
+    assert soft_deadline_lost(observation)
+    assert safety_net_allocation(observation) == spot(2, 0)
+
+
 def test_late_a_job_on_n_max_on_demand_stays_there():
     # as the safety net's rule has it: leaving costs a restart, and the estimate may call late
     # a job that on-demand would still bring in on time

@@ -162,9 +162,9 @@ def late_allocation(observation: Observation) -> Allocation:
       a job that the estimate, erring low, calls late but that may still meet its soft deadline);
     - the previous allocation, while it runs N_max instances at no more than the on-demand price
       each, is kept unless the cheapest one saves more in a slot than moving costs;
-    - otherwise the cheapest runs if its saving over on-demand in a slot exceeds its expected
-      restarts per slot (:func:`restarts_per_slot`) times a restart's cost, and the saving over
-      the rest of the job exceeds the restart of moving to it; else N_max on-demand.
+    - otherwise (moving to either costs a restart) the cheapest runs if its saving over on-demand
+      in a slot exceeds its expected restarts per slot (:func:`restarts_per_slot`) times a
+      restart's cost; else N_max on-demand.
 
     Whatever runs must leave N_max on-demand from the next slot able to finish by the hard
     deadline; else N_max on-demand.
@@ -187,9 +187,8 @@ def late_allocation(observation: Observation) -> Allocation:
         moving_saves = (previous.hourly_price(prices, on_demand_price) - bill) * job.slot_hours
         choice = cheapest if moving_saves > restart else previous
     else:
-        saving = fallback.hourly_price(prices, on_demand_price) - bill
-        outsaves_restarts = saving * job.slot_hours > restarts_per_slot(observation, cheapest) * restart
-        if outsaves_restarts and saving * observation.remaining_work / job.rate(job.max_instances) > restart:
+        saving = (fallback.hourly_price(prices, on_demand_price) - bill) * job.slot_hours
+        if saving > restarts_per_slot(observation, cheapest) * restart:
             choice = cheapest
     hard = job.hard_deadline_hours
     return choice if is_deadline_safe(job, observation, choice, deadline_hours=hard) else fallback
