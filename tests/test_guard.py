@@ -68,15 +68,15 @@ def bound(job, up_cost: float, guard: float, on_demand_price: float) -> float:
 
 
 def test_a_misled_chc_pays_far_above_up_and_the_guard_keeps_it_within_the_bound():
-    """Every slot the misled CHC would defer, the job tracks UP instead, and it never needs to
-    hand over for good: it pays what UP pays."""
+    """Every slot the misled CHC would defer, the job runs as many instances as UP instead (in
+    the one pool, UP's allocation), and it never needs to hand over for good: it pays what UP pays."""
     job, market = spot_then_nothing()
     up = simulate(UniformProgressPolicy(), job, market).outcome
     unguarded = simulate(misled_chc(), job, market).outcome
     guarded_policy = DeadlineChecked(misled_chc(), 1.2)
     guarded = simulate(guarded_policy, job, market).outcome
     assert unguarded.cost > 1.5 * up.cost  # the adversarial market works
-    assert guarded_policy.switched_at is None and guarded_policy.tracked_slots == 6
+    assert guarded_policy.switched_at is None and guarded_policy.topped_up_slots == 6 and guarded_policy.tracked_slots == 0
     assert guarded.cost <= 1.2 * up.cost + 1e-9
     assert not guarded.soft_miss and not unguarded.soft_miss
 
@@ -84,15 +84,35 @@ def test_a_misled_chc_pays_far_above_up_and_the_guard_keeps_it_within_the_bound(
 def test_the_member_decides_again_after_tracking_and_the_guard_switches_when_tracking_breaks_the_bound():
     """On this seeded market the misled CHC is overruled for eight slots, then even the shadow's
     allocation would break the invariant (a restart the shadow does not make), and the job
-    tracks UP for good: the bound with the handover allowance holds."""
+    tracks UP for good: the bound with the handover allowance holds. (Here the cheapest
+    instances to top the member's choice up with are the shadow's own.)"""
     job = make_job(work=4 * 12.0, deadline_hours=12.0 * 1.25 + 0.25, max_instances=4, reconfig_overhead_hours=0.25, value=2000.0)
     market = synthetic_job_market(1, job.horizon_slots)
     up = simulate(UniformProgressPolicy(), job, market).outcome
     policy = DeadlineChecked(misled_chc(), 1.2)
     guarded = simulate(policy, job, market).outcome
-    assert policy.tracked_slots == 8 and policy.switched_at == 9
+    assert policy.topped_up_slots == 8 and policy.tracked_slots == 0 and policy.switched_at == 9
     assert guarded.cost <= bound(job, up.cost, 1.2, market.market.on_demand_price)
     assert not guarded.soft_miss
+
+
+def test_an_overruled_member_runs_as_many_instances_as_up_on_the_cheapest_spot_not_on_ups():
+    """UP keeps its instances in the pool it started in (Can't Be Late's exploitation rule) when
+    a cheaper pool opens; where the misled CHC is overruled, the job runs UP's instance count
+    in the cheaper pool: no more behind UP than tracking would leave it, at less than half the
+    price, and within the bound."""
+    job = make_job(work=24.0, deadline_hours=12.0, max_instances=4, reconfig_overhead_hours=0.25, value=200.0)
+    price = [[2.0, 9.0]] + [[2.5, 1.0]] * (job.horizon_slots - 1)
+    available = [[4, 0]] + [[4, 4]] * (job.horizon_slots - 1)
+    market = whole(make_market(price, available, on_demand_price=3.0))
+    up = simulate(UniformProgressPolicy(), job, market)
+    policy = DeadlineChecked(misled_chc(), 1.2)
+    guarded = simulate(policy, job, market)
+    assert [a.spot for a in up.allocations[:3]] == [(4, 0), (4, 0), (4, 0)]
+    assert [a.spot for a in guarded.allocations[:3]] == [(4, 0), (0, 4), (0, 4)]
+    assert policy.topped_up_slots >= 3 and policy.tracked_slots == 0 and policy.switched_at is None
+    assert guarded.outcome.cost <= 1.2 * up.outcome.cost
+    assert not guarded.outcome.soft_miss
 
 
 def test_the_guard_stays_silent_when_the_forecast_is_right():

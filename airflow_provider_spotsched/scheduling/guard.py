@@ -12,10 +12,12 @@ cheap enough, else fall back on the robust algorithm for good):
   ``C(<=t) + pi * gap(t+1) <= (1 + lambda) * C_UP(<=t)``, where ``gap`` is the work by which the
   job trails the shadow and ``pi`` the highest on-demand price of a unit of work: what catching
   up could cost if spot never came back.
-- Otherwise the job runs the shadow's allocation for that slot, and the member decides again
-  the next slot. Only when that too would break the bound does UP take over from the job's own
-  state, for good (catching up with on-demand while behind). Every decision stays
-  deadline-safe, as the member's were.
+- Otherwise the member's choice, topped up to as many instances as the shadow runs (the rest on
+  the cheapest capacity), runs if it keeps the invariant; else the shadow's allocation. Either
+  way it is for that slot only, and the member decides again the next slot. Only when the
+  shadow's allocation too would break the bound does UP take over from the job's own state,
+  for good (catching up with on-demand while behind). Every decision stays deadline-safe, as
+  the member's were.
 
 ``docs/guard.md`` states the bound this gives and the assumption it rests on. The guard's factor
 ``1 + lambda`` is the parameter ``guard``.
@@ -31,7 +33,7 @@ from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, Progress, advance, shown
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.scheduling.rules import fits, is_deadline_safe, safety_net_allocation
+from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, fits, is_deadline_safe, safety_net_allocation
 
 DEFAULT_GUARD = 1.2
 """The default factor 1 + lambda, from a 1.25 x UP target: a job the guard never hands over costs
@@ -80,9 +82,26 @@ def handover_allowance(job: Job, on_demand_price: float) -> float:
     return restarts + 2 * on_demand_price * job.max_instances * job.slot_hours
 
 
+def topped_up_to(choice: Allocation, instances: int, observation: Observation) -> Allocation | None:
+    """``choice`` plus the cheapest capacity left (spot within on-demand prices, then on-demand)
+    up to ``instances`` in all; ``None`` if it already holds that many.
+
+    As many instances as the shadow run make as much work as the shadow's allocation (restarts
+    aside), so the gap stops growing, while the member keeps its own instances where it put them
+    and the rest go where they cost least, not where UP happens to run them.
+    """
+    missing = instances - choice.total
+    if missing <= 0:
+        return None
+    left = [a - n for a, n in zip(observation.available, choice.spot)]
+    extra = cheapest_allocation(missing, observation.spot_price, left, observation.on_demand_price)
+    return Allocation(tuple(n + e for n, e in zip(choice.spot, extra.spot)), choice.on_demand + extra.on_demand)
+
+
 class GuardedPolicy(Policy):
-    """``inner``'s choices while they keep its cost within ``guard`` x a shadow UP's, the shadow's
-    allocation in the slots where they would not, and tracking UP for good once even that would not.
+    """``inner``'s choices while they keep its cost within ``guard`` x a shadow UP's; in the slots
+    where they would not, the choice topped up to the shadow's instance count or the shadow's
+    allocation; and tracking UP for good once even that would not.
 
     It shows as ``inner`` with ``guard`` added to its parameters, and hands the forecaster, the
     committed plan and the realised market (an oracle) through to ``inner``.
@@ -100,6 +119,8 @@ class GuardedPolicy(Policy):
         """The slot from which the job tracks the shadow for good; ``None`` while the inner policy may run it."""
         self.tracked_slots = 0
         """Slots before the switch that ran the shadow's allocation instead of ``inner``'s choice."""
+        self.topped_up_slots = 0
+        """Slots before the switch that ran ``inner``'s choice topped up to the shadow's instance count."""
         self.safety_net_at: int | None = None
         """The slot from which, after the switch, the deadline safety net runs the job."""
 
@@ -120,6 +141,7 @@ class GuardedPolicy(Policy):
         self._shadow_progress = Progress()
         self.switched_at = None
         self.tracked_slots = 0
+        self.topped_up_slots = 0
         self.safety_net_at = None
 
     def reveal(self, market: SlotMarket) -> None:
@@ -134,9 +156,10 @@ class GuardedPolicy(Policy):
         return self._shadow_progress.cost
 
     def decide(self, observation: Observation) -> Allocation:
-        """``inner``'s choice if it keeps the bound; else the shadow's allocation for this slot, if
-        that keeps it (``inner`` decides again next slot: the market may turn its way); else
-        tracking for good.
+        """``inner``'s choice if it keeps the bound; else that choice topped up to the shadow's
+        instance count on the cheapest capacity, if that keeps it; else the shadow's allocation
+        for this slot, if that keeps it (``inner`` decides again next slot: the market may turn
+        its way); else tracking for good.
 
         The invariant is checked on whichever choice runs, so it holds after every slot before
         the switch and the bound's proof is unchanged (``docs/guard.md``).
@@ -147,6 +170,14 @@ class GuardedPolicy(Policy):
             if self.within_bound(observation, choice, restart_reserve=True):
                 return choice
             shadow_choice = self._shadow_choice(observation)
+            topped_up = topped_up_to(choice, shadow_choice.total, observation)
+            if (
+                topped_up is not None
+                and is_deadline_safe(observation.job, observation, topped_up)
+                and self.within_bound(observation, topped_up, restart_reserve=True)
+            ):
+                self.topped_up_slots += 1
+                return topped_up
             if self.within_bound(observation, shadow_choice):
                 self.tracked_slots += 1
                 return shadow_choice
