@@ -6,6 +6,7 @@ than the baseline on single jobs, which is what a user who runs one job meets. P
 
     python scripts/versus_baseline.py results/eval/results.csv             # against uniform-progress
     python scripts/versus_baseline.py results/eval/results.csv --baseline greedy
+    python scripts/versus_baseline.py results/eval/results.csv --decimals 2     # means to 0.01 point
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="results.csv written by `spotsched evaluate`")
     parser.add_argument("--baseline", default="uniform-progress", help="policy key every job is compared with")
+    parser.add_argument("--decimals", type=int, default=1, help="decimals of the mean excess cost, in percent")
     args = parser.parse_args()
     with args.results.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -40,7 +42,7 @@ def main() -> None:
     print(f"{'trace':<32} {'policy':<20} {'runs':>5} {'excess vs optimal':>18} {'worst job / ' + args.baseline:>30} {'mean':>7}")
     for trace, policy in sorted(ratio):
         costs, over = ratio[trace, policy], excess[trace, policy]
-        mean_excess = f"{100 * sum(over) / len(over):+.1f}%" if over else "n/a"
+        mean_excess = f"{100 * sum(over) / len(over):+.{args.decimals}f}%" if over else "n/a"
         print(f"{trace:<32} {policy:<20} {len(costs):>5} {mean_excess:>18} {max(costs):>30.3f} {sum(costs) / len(costs):>7.3f}")
 
 

@@ -656,7 +656,6 @@ def _report_stamp(training: Mapping[str, Any] | None) -> datetime | None:
         return None
 
 
-
 def _select(market: SlotMarket, pools: Sequence[str]) -> SlotMarket:
     index = [market.pools.index(p) for p in pools]
     return replace(market, pools=tuple(pools), spot_price=market.spot_price[:, index], available=market.available[:, index])
