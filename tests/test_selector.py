@@ -25,6 +25,7 @@ from airflow_provider_spotsched.scheduling.selector import (
     normalised_loss,
     shortfall_losses,
 )
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 from tests.markets import make_job, make_market
 
 POOL = [
@@ -113,6 +114,20 @@ def test_warm_up_never_reads_the_submission_slot_or_later():
         selector.decide(Observation(job, 0, market.prefix(offset + 1), offset, 0.0, 0.0, Allocation.idle(2)))
     assert lazy[0].to_state() == lazy[1].to_state()
     assert lazy[0].to_state()["contexts"] == explicit[0].to_state()["contexts"]
+
+
+def test_a_job_that_ran_slower_than_declared_is_replayed_at_the_throughput_it_ran_at():
+    job, jm, slow = make_job(), job_market(0, 3), TrueThroughput(0.5)
+    selector = SelectorPolicy(POOL, warm_up_rounds=0)
+    at_truth = selector.counterfactual_utilities(job, jm, slow)
+    assert at_truth == {
+        label: simulate(make_policy(entry["policy"], entry["params"]), job, jm, slow).outcome.utility
+        for label, entry in zip(selector.labels, POOL)
+    }
+    declared = selector.counterfactual_utilities(job, jm)
+    assert all(at_truth[label] < declared[label] for label in declared), "half the speed: no member does as well"
+    losses = selector.close_round(None, job, jm, true_throughput=slow)
+    assert losses == shortfall_losses(at_truth, on_demand_cost(job, jm.market.on_demand_price))
 
 
 def test_hedge_moves_its_weight_off_a_member_that_keeps_losing():

@@ -16,6 +16,9 @@ from airflow_provider_spotsched.scheduling.model import Allocation, JobError, Pr
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
+from airflow_provider_spotsched.scheduling.rules import on_demand_cost
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, shortfall_losses
+from airflow_provider_spotsched.scheduling.selector_store import close_round
 from airflow_provider_spotsched.scheduling.throughput_estimate import ThroughputEstimate
 from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 from airflow_provider_spotsched.simulation.evaluation import GridConfig
@@ -229,6 +232,29 @@ def test_an_online_run_estimates_as_the_simulator_does_across_restarts(gcp_marke
     assert log[1]["throughput"] == {"alpha": 1.0, "beta": 0.0}  # slot 0 started the workers: not a measurement
     assert any(entry["throughput"]["alpha"] == pytest.approx(SLOWER) for entry in log[2:])
     assert log[-1]["throughput"]["alpha"] < SLOWER  # the slowdown was measured too
+
+
+@pytest.mark.parametrize("factor", [SLOWER, 1.0])
+def test_an_online_run_reports_the_throughput_it_ran_at(gcp_market, factor):
+    job = make_job(work=60.0, deadline_hours=24.0, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
+    started = OnlineRun.start(RunConfig("run-ran", job, gcp_market.pools, policy="uniform-progress"), gcp_market.prefix(HISTORY + 1), NOW)
+    assert started.realised_throughput() == TrueThroughput()  # nothing measured yet: the declaration
+    run = drive_slower(started, gcp_market, TrueThroughput(factor))
+    assert run.realised_throughput().factor == pytest.approx(factor)  # the mean, not the planning estimate's bound
+
+
+def test_a_selector_run_that_ran_slow_learns_from_replays_at_its_measured_throughput(gcp_market):
+    job = make_job(work=60.0, deadline_hours=24.0, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
+    config = RunConfig("sel-slow", job, gcp_market.pools, policy="selector", policy_params={"warm_up_rounds": 0})
+    run = drive_slower(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, TrueThroughput(SLOWER))
+    losses = close_round(None, run)["last_round"]["losses"]
+    selector = SelectorPolicy.from_state(run.selector_start)
+    played = run.member["label"]
+    replayed = selector.counterfactual_utilities(job, run.realised_market(), run.realised_throughput())
+    expected = shortfall_losses({**replayed, played: run.result()["utility"]}, on_demand_cost(job, gcp_market.on_demand_price))
+    assert losses == pytest.approx(expected)
+    at_declared = selector.counterfactual_utilities(job, run.realised_market())
+    assert any(at_declared[label] != replayed[label] for label in replayed if label != played)
 
 
 def test_an_online_run_past_its_soft_deadline_finishes_on_spot_as_the_simulator_does(gcp_market):

@@ -45,6 +45,7 @@ from airflow_provider_spotsched.scheduling.throughput_estimate import (
     throughput_from_dict,
     throughput_to_dict,
 )
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 
 STATE_VERSION = 1
 LOG_FORECAST_SLOTS = 24
@@ -456,6 +457,18 @@ class OnlineRun:
             self.history_slots,
         )
 
+    def realised_throughput(self) -> TrueThroughput:
+        """The throughput the job ran at, for replays: the declared one times the mean measured
+        ratio over the slots the estimate reads, weighted by their hours alone (no prior, no decay,
+        no confidence bound: those make the planning estimate cautious, while a replay wants what
+        happened). The declared one when no slot was measured."""
+        if not self.records:
+            return TrueThroughput()
+        last = self.records[-1]
+        measured = ThroughputEstimate(self.config.job.throughput, prior_hours=0.0, half_life_hours=math.inf)
+        self._estimate(last.work_done, parse_timestamp(last.time), last.training, measured)
+        return TrueThroughput(max(measured.shrunk_factor, 1e-3)) if measured.weight > 0 else TrueThroughput()
+
     def decision_log(self) -> list[dict[str, Any]]:
         return [asdict(r) for r in self.records]
 
@@ -548,7 +561,11 @@ class OnlineRun:
         )
 
     def _estimate(
-        self, work_done: float, now: datetime | None, training: Mapping[str, Any] | None = None
+        self,
+        work_done: float,
+        now: datetime | None,
+        training: Mapping[str, Any] | None = None,
+        estimate: ThroughputEstimate | None = None,
     ) -> ThroughputEstimate:
         """The throughput measured over the slots decided so far, ``work_done`` at the current one.
 
@@ -565,9 +582,12 @@ class OnlineRun:
         slot, such as the slots a re-attached run decides back to back after a gap: the work
         of the gap falls to the slot before, and the few samples left over a millisecond, read
         as a rate, spread the measurements so far that the lower bound hit its floor.
+
+        The slots go into ``estimate`` when one is given (another prior or weighting), else into
+        a fresh planning estimate.
         """
         job, pools = self.config.job, self.config.pools
-        estimate = ThroughputEstimate(job.throughput)
+        estimate = estimate or ThroughputEstimate(job.throughput)
         readings: list[tuple[float, datetime | None, datetime | None]] = [
             (r.work_done, parse_timestamp(r.time), _report_stamp(r.training)) for r in self.records
         ]

@@ -36,6 +36,7 @@ from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.replay import DEFAULT_LOOKBACK_HOURS, JobMarket, simulate
 from airflow_provider_spotsched.scheduling.rules import on_demand_cost
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 
 STATE_VERSION = 2
 ALGORITHMS = ("hedge", "exp3")
@@ -82,7 +83,7 @@ logger = logging.getLogger(__name__)
 # submitted close together (their windows are aligned, see _warm_up_windows). A bounded
 # per-process memo runs each once.
 _REPLAY_CACHE_SIZE = 8192
-_replay_cache: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+_replay_cache: OrderedDict[tuple[str, str, str, str], float] = OrderedDict()
 
 
 class SelectorStateError(ValueError):
@@ -330,6 +331,7 @@ class SelectorPolicy(Policy):
         job: Job,
         job_market: JobMarket,
         utilities: Mapping[str, float] | None = None,
+        true_throughput: TrueThroughput | None = None,
     ) -> dict[str, float]:
         """Learn from the feedback of ``job``'s round; returns the losses learnt from, by label.
 
@@ -345,6 +347,8 @@ class SelectorPolicy(Policy):
         :param job_market: the realised market of the job, for the members' replays.
         :param utilities: realised utilities by member label, typically the played member's
             (the job's own result: passing it saves one replay).
+        :param true_throughput: the throughput the job really ran at, for the replays (see
+            :meth:`counterfactual_utilities`); default the declared one.
         :raises ValueError: when ``utilities`` names no pool member, or EXP3 gets no round.
         """
         known = dict(utilities or {})
@@ -356,7 +360,7 @@ class SelectorPolicy(Policy):
         if self.algorithm == "hedge":
             for index in self._active_indices(job):
                 if self.labels[index] not in known:
-                    known[self.labels[index]] = self._replay(index, job, job_market)
+                    known[self.labels[index]] = self._replay(index, job, job_market, true_throughput)
             active = {self.labels[i]: known[self.labels[i]] for i in self._active_indices(job)}
             losses = shortfall_losses(active, on_demand)
             learner.learn_full([losses.get(label, 0.0) for label in self.labels])
@@ -364,7 +368,7 @@ class SelectorPolicy(Policy):
             if played is None:
                 raise ValueError("exp3 feedback needs the member played this round: run the job through decide first")
             label = played.label
-            utility = known[label] if label in known else self._replay(played.member_index, job, job_market)
+            utility = known[label] if label in known else self._replay(played.member_index, job, job_market, true_throughput)
             losses = {label: normalised_loss(job, utility, on_demand)}
             learner.learn_bandit(played.member_index, losses[label], played.probability)
         if played is not None and played.draw is not None:
@@ -372,14 +376,21 @@ class SelectorPolicy(Policy):
         self.drop_round()
         return losses
 
-    def update(self, job: Job, job_market: JobMarket, utilities: Mapping[str, float] | None = None) -> dict[str, float]:
+    def update(
+        self,
+        job: Job,
+        job_market: JobMarket,
+        utilities: Mapping[str, float] | None = None,
+        true_throughput: TrueThroughput | None = None,
+    ) -> dict[str, float]:
         """Close the open round, the one :meth:`decide` played ``job`` with (see :meth:`close_round`).
 
         :param job: the job just played.
         :param job_market: the realised market of the job, for the members' replays.
         :param utilities: realised utilities by member label, typically the played member's.
+        :param true_throughput: the throughput the job really ran at; default the declared one.
         """
-        return self.close_round(self._current, job, job_market, utilities)
+        return self.close_round(self._current, job, job_market, utilities, true_throughput)
 
     def recorded_round(self, label: str, probability: float, draw: int) -> Round:
         """The round that another copy of this selector opened, from what its run recorded, so
@@ -431,10 +442,18 @@ class SelectorPolicy(Policy):
 
     # -- learning ------------------------------------------------------------------------
 
-    def counterfactual_utilities(self, job: Job, job_market: JobMarket) -> dict[str, float]:
+    def counterfactual_utilities(
+        self, job: Job, job_market: JobMarket, true_throughput: TrueThroughput | None = None
+    ) -> dict[str, float]:
         """Every member's utility had it run ``job`` on the realised ``job_market`` (the members
-        that can run it: a single-instance member sits out an N_max > 1 job)."""
-        return {self.labels[i]: self._replay(i, job, job_market) for i in self._active_indices(job)}
+        that can run it: a single-instance member sits out an N_max > 1 job).
+
+        A job that ran slower than declared is replayed at ``true_throughput``, the members seeing
+        the declaration and then their own measurements, as the played member did: replayed at
+        the declared speed, every other member would finish sooner and cheaper than it could
+        have, and the learner would score the played member against runs that never could happen.
+        """
+        return {self.labels[i]: self._replay(i, job, job_market, true_throughput) for i in self._active_indices(job)}
 
     def warm_up(self, history: JobMarket, job: Job, rounds: int | None = None) -> int:
         """Full-information rounds for ``job``'s kind on windows of ``history`` that end at or
@@ -479,12 +498,13 @@ class SelectorPolicy(Policy):
         self._draws += 1
         return u
 
-    def _replay(self, index: int, job: Job, job_market: JobMarket) -> float:
-        key = (self._keys[index], json.dumps(job.to_dict(), sort_keys=True), _market_key(job_market))
+    def _replay(self, index: int, job: Job, job_market: JobMarket, true_throughput: TrueThroughput | None = None) -> float:
+        truth = true_throughput or TrueThroughput()
+        key = (self._keys[index], json.dumps(job.to_dict(), sort_keys=True), _market_key(job_market), repr(truth))
         if key in _replay_cache:
             _replay_cache.move_to_end(key)
             return _replay_cache[key]
-        utility = simulate(self._replayers[index], job, job_market).outcome.utility
+        utility = simulate(self._replayers[index], job, job_market, truth).outcome.utility
         _replay_cache[key] = utility
         if len(_replay_cache) > _REPLAY_CACHE_SIZE:
             _replay_cache.popitem(last=False)

@@ -103,7 +103,7 @@ def close_round(document: Mapping[str, Any] | None, run: OnlineRun) -> dict[str,
     played = selector.recorded_round(label, run.member["probability"], int(run.selector_start["draws"]) - 1)
     result = run.result()
     job = run.config.job
-    losses = selector.close_round(played, job, run.realised_market(), {label: result["utility"]})
+    losses = selector.close_round(played, job, run.realised_market(), {label: result["utility"]}, run.realised_throughput())
     kept = document.get("history") if isinstance(document, Mapping) else None
     history = list(kept) if isinstance(kept, list) else []  # a damaged history restarts; the learner is intact
     history.append({"job_id": job_id, "context": job_context(job), "round": selector.rounds_learnt(job),

@@ -48,7 +48,8 @@ class ThroughputEstimate:
 
     :param declared: the throughput the user declared, the estimate's shape and prior.
     :param prior_hours: compute hours of measurement the declaration is worth, >= 0.
-    :param half_life_hours: compute hours after which a measurement weighs half, > 0.
+    :param half_life_hours: compute hours after which a measurement weighs half, > 0;
+        ``math.inf`` for none (every measurement weighs its hours alone).
     :param confidence_z: standard errors the lower bound lies below the measured mean, >= 0.
     """
 
@@ -65,7 +66,8 @@ class ThroughputEstimate:
     def __post_init__(self) -> None:
         for name, low, strict in (("prior_hours", 0.0, False), ("half_life_hours", 0.0, True), ("confidence_z", 0.0, False)):
             value = getattr(self, name)
-            if not math.isfinite(value) or value < low or (strict and value == low):
+            endless = name == "half_life_hours" and value == math.inf
+            if not endless and (not math.isfinite(value) or value < low or (strict and value == low)):
                 raise JobError(f"{name}={value!r}: must be a finite number {'>' if strict else '>='} {low:g}")
         self.prior_weight = self.prior_hours
 

@@ -360,7 +360,8 @@ def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], se
     """Every policy in ``keys`` on one scenario; seeded ones get ``config.seed + scenario.index``.
 
     With ``selector``, also every selector pool member's utility on the scenario's realised
-    market: the selector's full-information feedback, computed here so that it runs in parallel.
+    market at the grid's true throughput: the selector's full-information feedback, computed
+    here so that it runs in parallel.
     """
     job, market = scenario_job(config, cached_trace(scenario.trace), scenario)
     rows = []
@@ -369,7 +370,7 @@ def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], se
         if not spec.runs_on(scenario.n_max):
             continue
         rows.append(make_row(scenario, spec, simulate(spec.build(config.seed + scenario.index), job, market, *_truth(config))))
-    utilities = _build_selector(config.seed).counterfactual_utilities(job, market) if selector else None
+    utilities = _build_selector(config.seed).counterfactual_utilities(job, market, config.true_throughput) if selector else None
     return ScenarioRun(scenario, rows, utilities)
 
 
