@@ -19,6 +19,7 @@ from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, on_demand_fallback
 from airflow_provider_spotsched.scheduling.selector import DEFAULT_POOL, SelectorPolicy
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 from tests.markets import make_job, make_market, whole
 from tests.strategies import Scenario, scenarios
 
@@ -129,6 +130,28 @@ def test_the_guard_stays_silent_when_the_forecast_is_right():
     guarded = simulate(policy, job, market)
     assert any(a.on_demand for a in up.allocations) and not any(a.on_demand for a in unguarded.allocations)
     assert unguarded.outcome.cost < up.outcome.cost
+    assert isinstance(policy, GuardedPolicy) and policy.switched_at is None
+    assert guarded.allocations == unguarded.allocations
+
+
+def test_a_job_slower_than_declared_is_not_handed_over_for_work_no_allocation_lost():
+    """Declared 30% too fast, the job's measured work trails the shadow after its first slot by
+    what the declaration promised and the truth did not give: no allocation lost it, and UP at
+    the true speed would not have done it either. The gap measured on one model of the
+    throughput (the estimate) is the allocations' alone, and the member waits out the outage
+    as it does when the declaration is right (UP buys on-demand there); on the measured work
+    the guard handed the job over at slot 1."""
+    job = make_job(work=10.0, deadline_hours=10.0, max_instances=2)
+    price = np.full((job.horizon_slots, 1), 1.0)
+    available = np.array([[0] if t in (2, 3) else [2] for t in range(job.horizon_slots)])
+    market, slower = whole(make_market(price, available, on_demand_price=3.0)), TrueThroughput(1 / 1.3)
+    up = simulate(UniformProgressPolicy(), job, market, slower)
+    oracle = {"window": 12, "commit": 1, "forecaster": "oracle"}
+    unguarded = simulate(make_policy("chc", oracle), job, market, slower)
+    policy = make_policy("chc", {**oracle, "guard": 1.2})
+    guarded = simulate(policy, job, market, slower)
+    assert any(a.on_demand for a in up.allocations) and not any(a.on_demand for a in unguarded.allocations)
+    assert unguarded.outcome.cost < up.outcome.cost and not unguarded.outcome.soft_miss
     assert isinstance(policy, GuardedPolicy) and policy.switched_at is None
     assert guarded.allocations == unguarded.allocations
 

@@ -218,13 +218,13 @@ def drive_slower(run: OnlineRun, market: SlotMarket, truth: TrueThroughput) -> O
         run.observe(market.spot_price[row + 1], market.available[row + 1])
 
 
-@pytest.mark.parametrize("policy", ["uniform-progress", "chc"])
-def test_an_online_run_estimates_as_the_simulator_does_across_restarts(gcp_market, policy):
+@pytest.mark.parametrize("policy, params", [("uniform-progress", {}), ("chc", {}), ("prediction-free", {"guard": 1.2})])
+def test_an_online_run_estimates_as_the_simulator_does_across_restarts(gcp_market, policy, params):
     job = make_job(work=60.0, deadline_hours=20.0, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
     truth = TrueThroughput(SLOWER, slowdown_at_hours=6.0, slowdown_factor=0.9)
-    config = RunConfig("run-slow", job, gcp_market.pools, policy=policy, forecaster="persistence")
+    config = RunConfig("run-slow", job, gcp_market.pools, policy=policy, policy_params=params, forecaster="persistence")
     run = drive_slower(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, truth)
-    reference = simulate(make_policy(policy, {}), job, JobMarket(gcp_market, HISTORY), truth)
+    reference = simulate(make_policy(policy, params), job, JobMarket(gcp_market, HISTORY), truth)
     assert run.result()["cost"] == pytest.approx(reference.outcome.cost, rel=1e-9)
     assert run.result()["completion_hours"] == pytest.approx(reference.outcome.completion_hours)
     log = run.decision_log()

@@ -10,8 +10,9 @@ cheap enough, else fall back on the robust algorithm for good):
   allocations and its cost so far ``C_UP(<=t)`` are exactly what UP would have done and paid.
 - Each slot the member's choice stands while, after it,
   ``C(<=t) + pi * gap(t+1) <= (1 + lambda) * C_UP(<=t)``, where ``gap`` is the work by which the
-  job trails the shadow and ``pi`` the highest on-demand price of a unit of work: what catching
-  up could cost if spot never came back.
+  job's allocations trail the shadow's, both at the throughput the job is now seen to have, and
+  ``pi`` the highest on-demand price of a unit of work: what catching up could cost if spot
+  never came back.
 - Otherwise the member's choice, topped up to as many instances as the shadow runs (the rest on
   the cheapest capacity), runs if it keeps the invariant; else the shadow's allocation. Either
   way it is for that slot only, and the member decides again the next slot. Only when the
@@ -30,7 +31,7 @@ from typing import Any
 
 from airflow_provider_spotsched.forecast.base import Forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket
-from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, Progress, advance, shown
+from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, Progress, Throughput, advance, shown
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, fits, is_deadline_safe, safety_net_allocation
@@ -114,7 +115,11 @@ class GuardedPolicy(Policy):
         self.uses_future = inner.uses_future
         self.single_instance = inner.single_instance
         self._shadow = UniformProgressPolicy()
-        self._shadow_progress = Progress()
+        self._shadow_ran: list[Allocation] = []  # the shadow's allocation in each slot it ran
+        self._shadow_progress = Progress()  # their work and bills at the throughput below
+        self._ran: list[Allocation] = []  # the job's allocation in each slot before the current one
+        self._ran_progress = Progress()  # their work at the throughput below
+        self._throughput: Throughput | None = None  # the job's H(n) as last seen: both models' throughput
         self.switched_at: int | None = None
         """The slot from which the job tracks the shadow for good; ``None`` while the inner policy may run it."""
         self.tracked_slots = 0
@@ -138,7 +143,9 @@ class GuardedPolicy(Policy):
     def reset(self, job: Job) -> None:
         self.inner.reset(job)
         self._shadow.reset(job)
-        self._shadow_progress = Progress()
+        self._shadow_ran, self._shadow_progress = [], Progress()
+        self._ran, self._ran_progress = [], Progress()
+        self._throughput = None
         self.switched_at = None
         self.tracked_slots = 0
         self.topped_up_slots = 0
@@ -194,7 +201,7 @@ class GuardedPolicy(Policy):
         member's choice must leave room to track the shadow next slot, so that a deviation the
         bound allows does not leave the job where even tracking would break it."""
         job, on_demand = observation.job, observation.on_demand_price
-        after = Progress(observation.slot, observation.work_done, observation.cost_so_far, observation.previous)
+        after = self._job_so_far(observation)
         advance(job, after, choice, observation.spot_price, on_demand)
         shadow = self._shadow_progress
         gap = 0.0 if after.done else max((job.work if shadow.done else shadow.work_done) - after.work_done, 0.0)
@@ -210,11 +217,13 @@ class GuardedPolicy(Policy):
         The shadow depends on the market alone, so a guard restored mid-job (a resumed run)
         replays it from submission.
         """
-        job, shadow = observation.job, self._shadow_progress
-        if shadow.slot > observation.slot:
+        if len(self._shadow_ran) > observation.slot:
             raise ValueError(
-                f"the guard's shadow is at slot {shadow.slot}, past slot {observation.slot}: reset the policy before a new job"
+                f"the guard's shadow is at slot {len(self._shadow_ran)}, past slot {observation.slot}: "
+                "reset the policy before a new job"
             )
+        self._remeasure(observation)
+        job, shadow = observation.job, self._shadow_progress
         idle = Allocation.idle(observation.past.num_pools)
         while shadow.slot <= observation.slot and not shadow.done:
             row = observation.past_offset + shadow.slot
@@ -229,12 +238,55 @@ class GuardedPolicy(Policy):
             )
             choice = self._shadow.decide(seen)
             advance(job, shadow, choice, observation.past.spot_price[row], observation.on_demand_price)
+            self._shadow_ran.append(choice)
+
+    def _remeasure(self, observation: Observation) -> None:
+        """Re-measure the work of both allocation histories, the shadow's and the job's, at the
+        throughput the job is now seen to have (``observation.job``: the estimate measured so far),
+        when it changed.
+
+        The gap is then one model of two allocation histories. The measured work would also hold
+        the difference between the true throughput and the one the shadow's slots were credited
+        at: a job declared 30% too fast trails the shadow by 30% of its first slot's work before
+        the estimate has measured anything, and the guard would hand it over for good to catch
+        up with work that no allocation lost. The shadow's past decisions stay as they were made;
+        its next ones see its progress at the new throughput, as UP measuring its own would. Where
+        the estimate stays the declared throughput (every simulation run as declared) nothing is
+        re-measured and the model is the measurement, exactly.
+        """
+        job = observation.job
+        if job.throughput == self._throughput:
+            return
+        self._throughput = job.throughput
+        self._shadow_progress = self._measured(observation, self._shadow_ran)
+        self._ran_progress = self._measured(observation, self._ran)
+
+    @staticmethod
+    def _measured(observation: Observation, allocations: list[Allocation]) -> Progress:
+        """``allocations`` from slot 0 on, on the market and the job ``observation`` shows."""
+        progress = Progress()
+        for slot, allocation in enumerate(allocations):
+            if progress.done:
+                break
+            row = observation.past_offset + slot
+            advance(observation.job, progress, allocation, observation.past.spot_price[row], observation.on_demand_price)
+        return progress
+
+    def _job_so_far(self, observation: Observation) -> Progress:
+        """The job before this slot as the guard compares it with the shadow: its cost as billed,
+        its work as its own allocations make it at the shadow's throughput (:meth:`_remeasure`)."""
+        while len(self._ran) < observation.slot:  # the slots since the last decision ran what is now the previous
+            self._ran.append(observation.previous)
+        ran = self._ran_progress
+        while ran.slot < observation.slot and not ran.done:
+            row = observation.past_offset + ran.slot
+            advance(observation.job, ran, self._ran[ran.slot], observation.past.spot_price[row], observation.on_demand_price)
+        return Progress(observation.slot, ran.work_done, observation.cost_so_far, observation.previous)
 
     def _shadow_choice(self, observation: Observation) -> Allocation:
         """What the shadow runs in the current slot (idle once it has finished before it)."""
-        shadow = self._shadow_progress
-        if shadow.slot == observation.slot + 1 and shadow.previous is not None:
-            return shadow.previous
+        if observation.slot < self._shadow_progress.slot:
+            return self._shadow_ran[observation.slot]
         return Allocation.idle(observation.past.num_pools)
 
     def _track_shadow(self, observation: Observation) -> Allocation:
@@ -256,7 +308,7 @@ class GuardedPolicy(Policy):
             return observation.previous
         choice = self._shadow_choice(observation)
         level = job.work if shadow.done else shadow.work_done
-        after = Progress(observation.slot, observation.work_done, observation.cost_so_far, observation.previous)
+        after = self._job_so_far(observation)
         advance(job, after, choice, observation.spot_price, observation.on_demand_price)
         if not after.done and after.work_done < level - WORK_EPSILON:
             choice = Allocation(choice.spot, choice.on_demand + job.max_instances - choice.total)

@@ -40,6 +40,7 @@ from typing import Any
 from airflow_provider_spotsched.backends.base import InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_processes import marked
+from airflow_provider_spotsched.scheduling.online import OnlineRun
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
@@ -230,18 +231,33 @@ class Audit:
         return (min(exits) - clock["start"]) / clock["seconds_per_slot"] * clock["slot_hours"]
 
     def figures(self, scenario: str, run: str, watch: ProgressWatch | None, result: Mapping[str, Any] | None,
-                **notes: Any) -> Figures:
+                deadline_feasible: bool = True, **notes: Any) -> Figures:
         return Figures(
             scenario=scenario,
             run=run,
             leaked_instances=self.leaked(),
             double_launches=self.double_launches(),
             lost_checkpoints=watch.lost if watch is not None else 0,
+            deadline_feasible=deadline_feasible,
             deadline_met=None if result is None else bool(result["deadline_met"]),
             notes={"launches": self.launches(), "instances": len(self.instance_ids()),
                    "completion_hours": None if result is None else result["completion_hours"],
                    "observed_completion_hours": self.observed_completion_hours(), **notes},
         )
+
+
+def feasible_at_measured_speed(run_state: Mapping[str, Any]) -> bool:
+    """Whether N_max on-demand instances from slot 0, one restart paid, could have met the soft
+    deadline at the speed the workers really ran (the run's measured throughput).
+
+    The fake workers run on wall-clock time: on a loaded machine they can fall below the planning
+    model the deadline was set on, and a deadline no allocation could have met is not the
+    scheduler's miss.
+    """
+    run = OnlineRun.from_state(run_state)
+    job = run.config.job
+    rate = job.rate(job.max_instances) * run.realised_throughput().factor
+    return (job.deadline_hours - job.reconfig_overhead_hours) * rate >= job.work
 
 
 def check_figures(figures: Figures) -> None:

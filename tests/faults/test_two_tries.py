@@ -23,6 +23,7 @@ from tests.faults.support import (
     FileStateStore,
     ProgressWatch,
     check_figures,
+    feasible_at_measured_speed,
     finish,
     operator_kwargs,
     outcome,
@@ -62,7 +63,7 @@ def two_tries_at_once(ledger, tmp_path: Path, policy: str, storm: tuple[int, int
     saved = store.get(STATE_KEY)["run"]
     results = {name: o["result"] for name, o in outcomes.items() if o and "result" in o}
     final = next(iter(results.values()), None)
-    figures = ledger.add(audit.figures("4 two tries at once", run, watch, final, exit_codes=codes,
+    figures = ledger.add(audit.figures("4 two tries at once", run, watch, final, feasible_at_measured_speed(saved), exit_codes=codes,
                                        errors=[o.get("error") for o in outcomes.values() if o and "error" in o]))
     check_figures(figures)
     assert results, f"neither try returned a result: {outcomes}"
