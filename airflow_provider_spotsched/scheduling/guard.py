@@ -214,8 +214,8 @@ class GuardedPolicy(Policy):
     def _follow_shadow(self, observation: Observation) -> None:
         """Run the shadow UP through the current slot, on the market rows the observation holds.
 
-        The shadow depends on the market alone, so a guard restored mid-job (a resumed run)
-        replays it from submission.
+        The shadow depends on the market and the throughput measured so far alone, so a guard
+        restored mid-job (a resumed run) replays it from submission.
         """
         if len(self._shadow_ran) > observation.slot:
             raise ValueError(
@@ -258,18 +258,16 @@ class GuardedPolicy(Policy):
         if job.throughput == self._throughput:
             return
         self._throughput = job.throughput
-        self._shadow_progress = self._measured(observation, self._shadow_ran)
-        self._ran_progress = self._measured(observation, self._ran)
+        self._shadow_progress = self._run_through(observation, Progress(), self._shadow_ran, len(self._shadow_ran))
+        self._ran_progress = self._run_through(observation, Progress(), self._ran, len(self._ran))
 
     @staticmethod
-    def _measured(observation: Observation, allocations: list[Allocation]) -> Progress:
-        """``allocations`` from slot 0 on, on the market and the job ``observation`` shows."""
-        progress = Progress()
-        for slot, allocation in enumerate(allocations):
-            if progress.done:
-                break
-            row = observation.past_offset + slot
-            advance(observation.job, progress, allocation, observation.past.spot_price[row], observation.on_demand_price)
+    def _run_through(observation: Observation, progress: Progress, allocations: list[Allocation], until: int) -> Progress:
+        """``progress`` advanced by ``allocations`` up to slot ``until`` (or completion), on the
+        market and the job ``observation`` shows."""
+        while progress.slot < until and not progress.done:
+            row = observation.past_offset + progress.slot
+            advance(observation.job, progress, allocations[progress.slot], observation.past.spot_price[row], observation.on_demand_price)
         return progress
 
     def _job_so_far(self, observation: Observation) -> Progress:
@@ -277,10 +275,7 @@ class GuardedPolicy(Policy):
         its work as its own allocations make it at the shadow's throughput (:meth:`_remeasure`)."""
         while len(self._ran) < observation.slot:  # the slots since the last decision ran what is now the previous
             self._ran.append(observation.previous)
-        ran = self._ran_progress
-        while ran.slot < observation.slot and not ran.done:
-            row = observation.past_offset + ran.slot
-            advance(observation.job, ran, self._ran[ran.slot], observation.past.spot_price[row], observation.on_demand_price)
+        ran = self._run_through(observation, self._ran_progress, self._ran, observation.slot)
         return Progress(observation.slot, ran.work_done, observation.cost_so_far, observation.previous)
 
     def _shadow_choice(self, observation: Observation) -> Allocation:

@@ -465,8 +465,8 @@ class OnlineRun:
         if not self.records:
             return TrueThroughput()
         last = self.records[-1]
-        measured = ThroughputEstimate(self.config.job.throughput, prior_hours=0.0, half_life_hours=math.inf)
-        self._estimate(last.work_done, parse_timestamp(last.time), last.training, measured)
+        unweighted = ThroughputEstimate(self.config.job.throughput, prior_hours=0.0, half_life_hours=math.inf)
+        measured = self._estimate(last.work_done, parse_timestamp(last.time), last.training, unweighted)
         return TrueThroughput(max(measured.shrunk_factor, 1e-3)) if measured.weight > 0 else TrueThroughput()
 
     def decision_log(self) -> list[dict[str, Any]]:
