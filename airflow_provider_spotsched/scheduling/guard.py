@@ -250,9 +250,12 @@ class GuardedPolicy(Policy):
         at: a job declared 30% too fast trails the shadow by 30% of its first slot's work before
         the estimate has measured anything, and the guard would hand it over for good to catch
         up with work that no allocation lost. The shadow's past decisions stay as they were made;
-        its next ones see its progress at the new throughput, as UP measuring its own would. Where
-        the estimate stays the declared throughput (every simulation run as declared) nothing is
-        re-measured and the model is the measurement, exactly.
+        its next ones see its progress at the new throughput. After a slowdown that progress is
+        less than UP measuring its own work would see (the slots before it are re-credited at the
+        slower speed too), and the shadow may give up a soft deadline UP would buy on-demand for;
+        a model crediting each slot at its own measured speed was measured and cost more
+        (``docs/guard.md``). Where the estimate stays the declared throughput (every simulation
+        run as declared) nothing is re-measured and the model is the measurement, exactly.
         """
         job = observation.job
         if job.throughput == self._throughput:
