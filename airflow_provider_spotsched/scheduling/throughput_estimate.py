@@ -68,7 +68,8 @@ class ThroughputEstimate:
             value = getattr(self, name)
             endless = name == "half_life_hours" and value == math.inf
             if not endless and (not math.isfinite(value) or value < low or (strict and value == low)):
-                raise JobError(f"{name}={value!r}: must be a finite number {'>' if strict else '>='} {low:g}")
+                endless_too = " (or math.inf for no decay)" if name == "half_life_hours" else ""
+                raise JobError(f"{name}={value!r}: must be a finite number {'>' if strict else '>='} {low:g}{endless_too}")
         self.prior_weight = self.prior_hours
 
     def observe(self, instances: int, effective_hours: float, work: float) -> None:
