@@ -24,6 +24,8 @@ from airflow_provider_spotsched.forecast.series import (
     Stitched,
     count_distribution,
     fit_persistence,
+    fit_persistence_counts,
+    lagged_counts,
     seasonal_naive_fit,
     seasonal_strength,
 )
@@ -408,6 +410,59 @@ def test_stitched_counts_stitch_the_distribution_too():
     np.testing.assert_allclose(result.distribution[:2], count_distribution(p.mean, lower, upper, top)[:2])
     updated = stitched.update(np.append(y, 0.0))
     assert updated.components[1].history.size == 81 and updated.label == stitched.label
+
+
+def test_lagged_counts_are_what_followed_the_same_count():
+    """A pool on offer (1) is lost after one slot in three at 1: a slot ahead, 0 with chance
+    about 1/3, not never; the changes of every slot (0 half the time) weigh as 10 of its 30."""
+    y = np.array([1, 1, 1, 0] * 10 + [1], dtype=float)
+    changes_at_1 = np.array([0.25, 0.75])  # a change of -1 in 10 of 40 slots
+    np.testing.assert_allclose(lagged_counts(y, 1, 1, 1), (np.array([10, 20]) + 10 * changes_at_1) / 40)
+    # at 0 it always came back, 10 times: as much weight as the changes of all (0 -> 0 or -1: 0.75)
+    np.testing.assert_allclose(lagged_counts(y, 1, 0, 1), (np.array([0, 10]) + 10 * np.array([0.75, 0.25])) / 20)
+    many = np.array([2, 2, 3, 2, 2, 1] * 200, dtype=float)  # 800 slots at 2: what followed them speaks
+    np.testing.assert_allclose(lagged_counts(many, 1, 2, 3), [0.0, 0.25, 0.5, 0.25], atol=0.01)
+
+
+def test_lagged_counts_fold_the_changes_of_an_unseen_count_onto_the_ends():
+    y = np.array([5, 3] * 8 + [5], dtype=float)  # never at 4: the changes of all (+-2) around it
+    np.testing.assert_allclose(lagged_counts(y, 1, 4, 5), [0, 0, 0.5, 0, 0, 0.5])
+    np.testing.assert_allclose(lagged_counts(y, 1, 0, 5), [0.5, 0, 0.5, 0, 0, 0])  # -2 folds onto 0
+    np.testing.assert_array_equal(lagged_counts(y, 40, 4, 5), [0, 0, 0, 0, 1, 0])  # no slots that far apart
+
+
+def test_persistence_of_a_count_states_how_often_it_moved():
+    """The interval of a count that sticks 80% of the time has zero width; its distribution does
+    not claim certainty: each lead's chances are the counts that followed the current one."""
+    y = MARKET.available[:80, 2].astype(float)  # 0/1, on offer 70% of the time
+    counted, plain = fit_persistence_counts(y).forecast(6), fit_persistence(y).forecast(6)
+    for part in ("mean", "lower", "upper"):
+        np.testing.assert_array_equal(getattr(counted, part), getattr(plain, part))
+    for lead in range(1, 7):
+        np.testing.assert_allclose(counted.distribution[lead - 1], lagged_counts(y, lead, int(y[-1]), 1))
+    assert 0.0 < counted.distribution[:, 1].min() and counted.distribution[:, 1].max() < 1.0
+    seasonal = seasonal_naive_fit(SEASON, counts=True)(y).forecast(6)
+    np.testing.assert_allclose(seasonal.distribution[0], lagged_counts(y, SEASON, int(y[-SEASON]), 1))
+
+
+def test_stitched_counts_keep_persistences_own_distribution():
+    y = MARKET.available[:80, 0].astype(float)
+    chain, persistence = MarkovCount(y, 0.1), fit_persistence_counts(y)
+    result = Stitched([persistence, chain], [(1, 0), (3, 1)], top=int(y.max())).forecast(6)
+    np.testing.assert_array_equal(result.distribution[:2], persistence.forecast(6).distribution[:2])
+    np.testing.assert_array_equal(result.distribution[2:], chain.forecast(6).distribution[2:])
+
+
+def test_auto_on_persistence_gives_persistences_count_chances(monkeypatch):
+    """Where auto keeps persistence, P(available >= 1) of a flickering pool is the share of slots
+    at its count that the pool was still on offer ``lead`` slots later."""
+    fixed_backtest(monkeypatch, {"persistence": [1.0] * 6})
+    past = MARKET.prefix(80)
+    forecast = build("auto").forecast(past, 6)
+    assert forecast.models[2] == "persistence+persistence"
+    y = past.available[:, 2].astype(float)
+    expected = [lagged_counts(y, lead, int(y[-1]), 1)[1] for lead in range(1, 7)]
+    np.testing.assert_allclose(forecast.p_available_at_least(1)[:, 2], expected)
 
 
 def fixed_backtest(monkeypatch, scores: dict[str, list[float]], noise: dict[str, np.ndarray] | None = None) -> None:

@@ -40,8 +40,8 @@ from airflow_provider_spotsched.forecast.series import (
     SeriesForecast,
     SeriesForecaster,
     check_int,
-    fit_persistence,
     memoised_fit,
+    persistence_candidate,
     seasonal_strength,
     single_threaded,
 )
@@ -191,4 +191,4 @@ class ArimaForecaster(SeriesForecaster):
         return lambda y: fit_arima(y, self.season_slots, self.criterion)
 
     def candidates(self, kind: str) -> Sequence[Candidate]:
-        return [Candidate("arima", self.arima_fit()), Candidate("persistence", fit_persistence)]
+        return [Candidate("arima", self.arima_fit()), persistence_candidate(kind)]

@@ -59,12 +59,13 @@ from scipy.special import ndtri
 
 from airflow_provider_spotsched.forecast import arima, exponential_smoothing, markov_count
 from airflow_provider_spotsched.forecast.series import (
+    AVAILABLE,
     PRICE,
     Candidate,
     SeriesForecaster,
     SeriesState,
     check_int,
-    fit_persistence,
+    persistence_candidate,
     seasonal_naive_fit,
     stitched_fit,
 )
@@ -141,7 +142,7 @@ class AutoForecaster(SeriesForecaster):
 
     def candidates(self, kind: str) -> Sequence[Candidate]:
         season = self.season_slots
-        baselines = [Candidate("persistence", fit_persistence), Candidate("seasonal-naive", seasonal_naive_fit(season))]
+        baselines = [persistence_candidate(kind), Candidate("seasonal-naive", seasonal_naive_fit(season, counts=kind == AVAILABLE))]
         smoothing = Candidate("holt-winters", lambda y: exponential_smoothing.fit_holt_winters(y, season))
         if kind == PRICE:
             return baselines + [Candidate("arima", lambda y: arima.fit_arima(y, season)), smoothing]

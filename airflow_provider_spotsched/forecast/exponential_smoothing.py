@@ -38,8 +38,8 @@ from airflow_provider_spotsched.forecast.series import (
     SeriesForecast,
     SeriesForecaster,
     check_int,
-    fit_persistence,
     memoised_fit,
+    persistence_candidate,
     seasonal_strength,
     single_threaded,
 )
@@ -154,4 +154,4 @@ class HoltWintersForecaster(SeriesForecaster):
 
     def candidates(self, kind: str) -> Sequence[Candidate]:
         smoothing = Candidate("holt-winters", lambda y: fit_holt_winters(y, self.season_slots))
-        return [smoothing, Candidate("persistence", fit_persistence)]
+        return [smoothing, persistence_candidate(kind)]

@@ -40,7 +40,7 @@ from airflow_provider_spotsched.forecast.series import (
     FittedSeries,
     SeriesForecast,
     SeriesForecaster,
-    fit_persistence,
+    persistence_candidate,
 )
 
 
@@ -109,5 +109,5 @@ class MarkovCountForecaster(SeriesForecaster):
 
     def candidates(self, kind: str) -> Sequence[Candidate]:
         if kind == "price":
-            return [Candidate("persistence", fit_persistence)]
-        return [Candidate("markov-count", markov_count_fit(self.smoothing)), Candidate("persistence", fit_persistence)]
+            return [persistence_candidate(kind)]
+        return [Candidate("markov-count", markov_count_fit(self.smoothing)), persistence_candidate(kind)]

@@ -19,9 +19,11 @@ a model (a single slot, say) is the documented fallback case: the model's fit ra
 and ``Forecast.models`` names what was used.
 
 Availability forecasts are clipped to [0, the largest count seen] and turned into a distribution
-over counts 0..C: a model that gives one (the Markov chain) is used as is, any other's point and
-interval become a discretised normal whose 80% interval matches the model's (mass outside
-[0, max seen] is folded onto the ends). Prices are clipped at 0.
+over counts 0..C: a model that gives one is used as is (the Markov chain its k-step distribution,
+persistence and seasonal naive the counts that followed the same count ``lag`` slots later:
+:func:`lagged_counts`), any other's point and interval become a discretised normal whose 80%
+interval matches the model's (mass outside [0, max seen] is folded onto the ends). Prices are
+clipped at 0.
 """
 
 from __future__ import annotations
@@ -186,7 +188,8 @@ def seasonal_strength(y: np.ndarray, season: int) -> float:
 
 
 class LaggedCopy(FittedSeries):
-    """The value ``lag(h)`` slots before each future slot, with an empirical interval.
+    """The value ``lag(h)`` slots before each future slot, with an empirical interval and, for a
+    count, an empirical distribution.
 
     The interval at lead ``h`` adds the 10% and 90% quantiles of the ``lag(h)``-slot changes in
     the history it was fitted on (widened to include 0, so it always contains the point); these
@@ -194,15 +197,21 @@ class LaggedCopy(FittedSeries):
     width. Persistence is ``lag(h) = h``; seasonal naive repeats the last season (``lag(h)`` =
     whole seasons reaching back past ``h``) and is persistence where the history holds less than
     a season.
+
+    With ``counts`` the forecast also carries the distribution of the count (:func:`lagged_counts`).
+    A normal read off the interval would not do: a count that stays put in more than 80% of the
+    slots has a zero-width interval, and a normal of zero width states that it never moves.
     """
 
-    def __init__(self, label: str, history: np.ndarray, season: int | None = None) -> None:
+    def __init__(self, label: str, history: np.ndarray, season: int | None = None, counts: bool = False) -> None:
         if history.size < 1:
             raise FitError(f"{label} needs at least one slot of history")
         self.label = label
         self.history = self.fitted_on = history
         self.season = season
+        self.counts = counts
         self.bands: dict[int, tuple[float, float]] = {}  # lag -> (low, high) change quantiles
+        self.count_chances: dict[tuple[int, int, int], np.ndarray] = {}  # (lag, value, top) -> lagged_counts
 
     def update(self, history: np.ndarray) -> LaggedCopy:
         updated = copy.copy(self)
@@ -217,6 +226,13 @@ class LaggedCopy(FittedSeries):
             self.bands[lag] = (min(float(low), 0.0), max(float(high), 0.0))
         return self.bands[lag]
 
+    def chances(self, lag: int, value: int, top: int) -> np.ndarray:
+        """:func:`lagged_counts` on the history it was fitted on, kept between refits like the bands."""
+        key = (lag, value, top)
+        if key not in self.count_chances:
+            self.count_chances[key] = lagged_counts(self.fitted_on, lag, value, top)
+        return self.count_chances[key]
+
     def forecast(self, horizon: int) -> SeriesForecast:
         y, n = self.history, self.history.size
         leads = np.arange(1, horizon + 1)
@@ -227,15 +243,55 @@ class LaggedCopy(FittedSeries):
         source = n - 1 + leads - lags
         mean = y[np.where(source >= 0, source, n - 1)].astype(float)
         bands = np.array([self.band(int(lag)) for lag in lags])
-        return SeriesForecast(mean, mean + bands[:, 0], mean + bands[:, 1])
+        distribution = None
+        if self.counts:
+            top = int(y.max())
+            distribution = np.array([self.chances(int(lag), int(value), top) for lag, value in zip(lags, mean)])
+        return SeriesForecast(mean, mean + bands[:, 0], mean + bands[:, 1], distribution)
+
+
+PRIOR_SLOTS = 10.0
+"""How many slots' worth of weight :func:`lagged_counts` gives the changes of every count against
+what followed the current one."""
+
+
+def lagged_counts(history: np.ndarray, lag: int, value: int, top: int) -> np.ndarray:
+    """``[top + 1]``: the chance of each count 0..``top`` ``lag`` slots after a slot at ``value``,
+    as ``history`` (a count series) has seen it.
+
+    What followed the slots at ``value``: a full pool moves differently from an empty one or one
+    in between (a full pool can only lose capacity), and how often it moves is what the chance of
+    a count rests on. A count seen a few times says little, so those outcomes are pooled with the
+    ``lag``-slot changes of every slot, added to ``value`` (what falls outside [0, ``top``] folded
+    onto the ends), weighted as :data:`PRIOR_SLOTS` slots: a count seen far more often than that
+    speaks for itself, one never seen takes the changes of all. A history with no slots ``lag``
+    apart states ``value`` for sure.
+    """
+    dist = np.zeros(top + 1)
+    if lag >= history.size:
+        dist[min(max(value, 0), top)] = 1.0
+        return dist
+    before, after = history[:-lag].astype(int), history[lag:].astype(int)
+    changes = np.bincount(np.clip(value + after - before, 0, top), minlength=top + 1)
+    np.add.at(dist, np.clip(after[before == value], 0, top), 1.0)
+    return (dist + PRIOR_SLOTS * changes / changes.sum()) / (dist.sum() + PRIOR_SLOTS)
 
 
 def fit_persistence(y: np.ndarray) -> FittedSeries:
     return LaggedCopy("persistence", y)
 
 
-def seasonal_naive_fit(season: int) -> Fit:
-    return lambda y: LaggedCopy("seasonal-naive", y, season)
+def fit_persistence_counts(y: np.ndarray) -> FittedSeries:
+    return LaggedCopy("persistence", y, counts=True)
+
+
+def persistence_candidate(kind: str) -> Candidate:
+    """Persistence for a series of ``kind``; for counts with the distribution of :func:`lagged_counts`."""
+    return Candidate("persistence", fit_persistence_counts if kind == AVAILABLE else fit_persistence)
+
+
+def seasonal_naive_fit(season: int, counts: bool = False) -> Fit:
+    return lambda y: LaggedCopy("seasonal-naive", y, season, counts)
 
 
 def count_distribution(mean: np.ndarray, lower: np.ndarray, upper: np.ndarray, top: int) -> np.ndarray:
@@ -457,6 +513,9 @@ __all__ = [
     "check_int",
     "count_distribution",
     "fit_persistence",
+    "fit_persistence_counts",
+    "lagged_counts",
+    "persistence_candidate",
     "seasonal_naive_fit",
     "seasonal_strength",
     "single_threaded",
