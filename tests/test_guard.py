@@ -245,3 +245,22 @@ def test_a_resumed_guard_replays_its_shadow_from_the_market():
     observation = Observation(job, last, market.market.prefix(last + 1), 0, work, cost, run.allocations[last - 1])
     fresh.decide(observation)
     assert fresh.shadow_cost == pytest.approx(running.shadow_cost)
+
+
+def test_a_job_still_behind_a_finished_shadow_does_not_track_its_idle_slots():
+    """Found by the property test: UP finished in slot 1, the member (a cautious prediction-free
+    one) was 0.04 units short, and the shadow's allocation from then on is idle, which keeps the
+    cost bound (idling costs nothing) but never finishes the job. The shadow's allocation must be
+    deadline-safe too, like every other choice the guard runs."""
+    market = make_market(
+        [[1, 1], [1, 1], [1, 1], [1, 0.25], [1, 1], [1, 1]],
+        [[0, 2], [0, 2], [0, 2], [2, 2], [2, 2], [2, 2]],
+        on_demand_price=1.0,
+        slot_hours=0.5,
+    )
+    job = make_job(
+        work=1.0390625, deadline_hours=2.0, max_instances=2, hard_deadline_factor=1.0, reconfig_overhead_hours=0.25, slot_hours=0.5
+    )
+    params = {"price_threshold": 0.7, "safety_slots": 1.0, "guard": 1.2}
+    outcome = simulate(make_policy("prediction-free", params), job, JobMarket(market, 2)).outcome
+    assert outcome.completion_hours is not None and not outcome.soft_miss

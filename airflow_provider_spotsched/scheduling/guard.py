@@ -164,9 +164,10 @@ class GuardedPolicy(Policy):
 
     def decide(self, observation: Observation) -> Allocation:
         """``inner``'s choice if it keeps the bound; else that choice topped up to the shadow's
-        instance count on the cheapest capacity, if that keeps it; else the shadow's allocation
-        for this slot, if that keeps it (``inner`` decides again next slot: the market may turn
-        its way); else tracking for good.
+        instance count on the cheapest capacity, if that keeps it and is deadline-safe; else the
+        shadow's allocation for this slot, on the same two terms (``inner`` decides again next
+        slot: the market may turn its way; a shadow that has finished runs idle, which keeps the
+        bound but would never finish a job still behind it); else tracking for good.
 
         The invariant is checked on whichever choice runs, so it holds after every slot before
         the switch and the bound's proof is unchanged (``docs/guard.md``).
@@ -185,7 +186,7 @@ class GuardedPolicy(Policy):
             ):
                 self.topped_up_slots += 1
                 return topped_up
-            if self.within_bound(observation, shadow_choice):
+            if is_deadline_safe(observation.job, observation, shadow_choice) and self.within_bound(observation, shadow_choice):
                 self.tracked_slots += 1
                 return shadow_choice
             self.switched_at = observation.slot
