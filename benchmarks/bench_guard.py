@@ -11,7 +11,7 @@ with perfect forecasts, the most any forecaster could buy it (the consistency si
 trade-off). One process, the scenarios in turn. Plain script:
 
     python benchmarks/bench_guard.py --traces /tmp/guard-eval/synth22.csv.gz --guards 1.2 1.5 2 none
-    python benchmarks/bench_guard.py --forecaster oracle --commit 1 --scenarios 8 --guards 1.1 1.2 1.5 none
+    python benchmarks/bench_guard.py --forecaster oracle --commit 1 --scenarios 8 --guards 1.1 1.2 1.35 1.5 2 none
 """
 
 from __future__ import annotations
