@@ -135,9 +135,11 @@ def test_the_task_waits_between_slots_in_the_triggerer(demo: DemoRun) -> None:
     in_worker = sum(event.startswith("waiting in the worker: ") for event in events)
     result = demo.deployment.api("GET", f"{demo.ti_path}/xcomEntries/return_value")["value"]
     result = result if isinstance(result, dict) else json.loads(result)
-    # every slot decided is followed by a wait; the job ends during the last one
-    assert deferrals >= len(claimed) and deferrals + in_worker >= result["slots"], demo.why(
-        f"{deferrals} deferrals and {in_worker} waits in the worker in the log: {events}")
+    # every slot decided is followed by a wait; the job ends during the last one, or just before a
+    # boundary the wait woke at, and the slots it then ran through unwatched are billed, not decided
+    unwatched = sum("the job ended before anyone stepped" in event for event in events)
+    assert deferrals >= len(claimed) and deferrals + in_worker >= result["slots"] - unwatched, demo.why(
+        f"{deferrals} deferrals, {in_worker} waits in the worker and {unwatched} unwatched slots in the log: {events}")
     # the triggerer writes the trigger's lines into the task's log, in a file of its own
     assert any(event.endswith(f".log.trigger.{triggerer_id}.log") for event in events), demo.why(f"sources: {events}")
     assert "Trigger fired event" in events, demo.why(f"no trigger event in the log: {events}")
