@@ -37,9 +37,16 @@ class Plenty(Forecaster):
         return Forecast(spot_price=np.full(shape, 0.01 * past.on_demand_price), available=np.full(shape, 64.0))
 
 
-def misled_chc(**params) -> CHCPolicy:
-    """CHC on the :class:`Plenty` forecast: it defers work to a future that never comes."""
-    policy = CHCPolicy(window=6, commit=1, forecaster="persistence", **params)
+class BlindCHC(CHCPolicy):
+    """CHC that plans as it would unguarded: the guard's slot-by-slot checks alone bound it."""
+
+    plans_within_guard = False
+
+
+def misled_chc(blind: bool = True, **params) -> CHCPolicy:
+    """CHC on the :class:`Plenty` forecast: it defers work to a future that never comes. Blind,
+    it also plans without the guard's bound, which exercises the guard's own checks."""
+    policy = (BlindCHC if blind else CHCPolicy)(window=6, commit=1, forecaster="persistence", **params)
     policy.forecaster = Plenty()
     return policy
 
@@ -116,6 +123,21 @@ def test_an_overruled_member_runs_as_many_instances_as_up_on_the_cheapest_spot_n
     assert not guarded.outcome.soft_miss
 
 
+def test_a_misled_chc_that_plans_within_the_bound_keeps_it_on_the_market_it_did_not_foresee():
+    """Planning within the guard's bound on its forecast, the misled CHC runs what UP runs while
+    spot is there (tracking UP is what the bound allows on any forecast), then defers the work
+    its forecast prices within the bound; the guard hands it over once spot is gone for good,
+    and it pays within 1.2 x UP."""
+    job, market = spot_then_nothing()
+    up = simulate(UniformProgressPolicy(), job, market)
+    policy = DeadlineChecked(misled_chc(blind=False), 1.2)
+    guarded = simulate(policy, job, market)
+    assert guarded.allocations[:5] == up.allocations[:5]
+    assert policy.topped_up_slots == 0 and policy.tracked_slots == 0 and policy.switched_at is not None
+    assert guarded.outcome.cost <= 1.2 * up.outcome.cost
+    assert not guarded.outcome.soft_miss
+
+
 def test_the_guard_stays_silent_when_the_forecast_is_right():
     """A spot outage in the middle: UP buys on-demand to keep its line, CHC on a perfect
     forecast waits for spot to return, trails UP by exactly the work UP bought, and is cheaper."""
@@ -169,7 +191,7 @@ def test_the_bound_holds_on_seeded_synthetic_markets(seed, slack):
     job = make_job(work=4 * 12.0, deadline_hours=12.0 * slack + 0.25, max_instances=4, reconfig_overhead_hours=0.25, value=2000.0)
     market = synthetic_job_market(seed, job.horizon_slots)
     up = simulate(UniformProgressPolicy(), job, market).outcome
-    for inner in (misled_chc(), CHCPolicy(window=12, commit=2, forecaster="persistence")):
+    for inner in (misled_chc(), misled_chc(blind=False), CHCPolicy(window=12, commit=2, forecaster="persistence")):
         policy = DeadlineChecked(inner, 1.2)
         guarded = simulate(policy, job, market).outcome
         assert policy.safety_net_at is None  # the case the bound leaves out does not arise here
@@ -182,12 +204,30 @@ def test_the_bound_holds_on_seeded_synthetic_markets(seed, slack):
 def test_the_bound_holds_on_random_markets(scenario: Scenario):
     job, market = scenario.job, scenario.job_market
     up = simulate(UniformProgressPolicy(), job, market).outcome
-    policy = DeadlineChecked(misled_chc(), 1.1)
+    for inner in (misled_chc(), misled_chc(blind=False)):
+        policy = DeadlineChecked(inner, 1.1)
+        guarded = simulate(policy, job, market).outcome
+        assert not guarded.soft_miss
+        if policy.switched_at is None:  # never handed over: the bound holds without the reconfiguration
+            assert guarded.cost <= 1.1 * up.cost + 1e-9
+        assert guarded.cost <= bound(job, up.cost, 1.1, market.market.on_demand_price)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_with_a_perfect_forecast_chc_plans_within_the_bound_and_the_guard_never_overrules_it(seed):
+    """On the realised market, CHC's plans keep the guard's invariant after every slot, so the
+    guard lets every slot run as planned: no top-up, no shadow's slot, no handover. Planning
+    blind, the same CHC is overruled where its plan leaves UP's path, and pays more."""
+    job = make_job(work=4 * 12.0, deadline_hours=12.0 * 2 + 0.25, max_instances=4, reconfig_overhead_hours=0.25, value=2000.0)
+    market = synthetic_job_market(seed, job.horizon_slots)
+    up = simulate(UniformProgressPolicy(), job, market).outcome
+    oracle = {"window": 24, "commit": 1, "forecaster": "oracle"}
+    policy = DeadlineChecked(CHCPolicy(**oracle), 1.2)
     guarded = simulate(policy, job, market).outcome
-    assert not guarded.soft_miss
-    if policy.switched_at is None:  # never handed over: the bound holds without the reconfiguration
-        assert guarded.cost <= 1.1 * up.cost + 1e-9
-    assert guarded.cost <= bound(job, up.cost, 1.1, market.market.on_demand_price)
+    assert policy.topped_up_slots == 0 and policy.tracked_slots == 0 and policy.switched_at is None
+    assert guarded.cost <= 1.2 * up.cost + 1e-9 and not guarded.soft_miss
+    blind = simulate(DeadlineChecked(BlindCHC(**oracle), 1.2), job, market).outcome
+    assert guarded.cost <= blind.cost + 1e-9
 
 
 def test_guard_shows_in_the_label_and_forwards_the_forecaster():

@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_spotsched.scheduling import planner
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, Progress, Throughput, advance, evaluate
-from airflow_provider_spotsched.scheduling.planner import Plan, PlanError, PlanRequest, solve_plan
+from airflow_provider_spotsched.scheduling.planner import CostLimit, Plan, PlanError, PlanRequest, solve_plan
 from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.rules import is_deadline_safe
 from tests.markets import make_job
@@ -224,6 +224,8 @@ def exhaustive(req: PlanRequest) -> float:
                     continue
                 progress = Progress(state.slot, state.work_done, state.cost, state.previous)
                 advance(job, progress, allocation, req.spot_price[t], req.on_demand_price)
+                if req.cost_limit is not None and not keeps_limit(req, t, progress, allocation == fallback):
+                    continue
                 if progress.done:
                     best = min(best, progress.cost - job.value_at(progress.completion_hours))
                     continue
@@ -240,6 +242,36 @@ def exhaustive(req: PlanRequest) -> float:
                 continue
         best = min(best, progress.cost + (req.terminal_cost_per_work or 0.0) * left)
     return best
+
+
+def keeps_limit(req: PlanRequest, t: int, progress: Progress, on_fallback: bool) -> bool:
+    """The cost limit after window slot t, as the guard states it: cost so far plus the catch-up
+    price of the work by which the job trails the shadow within the cap, and a job trailing a
+    shadow at work with the handover margin of slack (the fallback itself pays no overhead)."""
+    limit, job = req.cost_limit, req.job
+    assert limit is not None
+    if progress.done:
+        return progress.cost <= limit.cost_cap[t] + 1e-9
+    gap = max(limit.shadow_work[t] - progress.work_done, 0.0)
+    if progress.cost + limit.catch_up_price * gap > limit.cost_cap[t] + 1e-9:
+        return False
+    if gap <= 1e-9 or not limit.shadow_at_work[t]:
+        return True
+    overhead = 0.0 if on_fallback else job.reconfig_overhead_hours
+    hours_left = job.deadline_hours - (req.start_hours + (t + 1) * job.slot_hours) - overhead - limit.handover_margin
+    return hours_left * job.rate(job.max_instances) >= job.work - progress.work_done - 1e-9
+
+
+def random_limit(rng: np.random.Generator, job: Job, width: int, work_done: float) -> CostLimit:
+    """A cost cap that grows by a random bill each slot, and a shadow that does random work."""
+    shadow = np.minimum(work_done + np.cumsum(rng.uniform(0.0, job.rate(2) * job.slot_hours, width)), job.work)
+    return CostLimit(
+        cost_cap=np.cumsum(rng.uniform(1.5, 9.0, width)),
+        shadow_work=shadow,
+        shadow_at_work=shadow < job.work,
+        catch_up_price=float(rng.uniform(0.3, 2.0)),
+        handover_margin=float(rng.choice([0.0, 0.5, 1.0])),
+    )
 
 
 @pytest.mark.parametrize("seed", range(36))
@@ -281,3 +313,66 @@ def test_windows_match_an_exhaustive_search(seed):
             now = Observation(job, progress.slot, None, 0, progress.work_done, 0.0, progress.previous)
             assert is_deadline_safe(job, now, allocation)
         advance(job, progress, allocation, price[t], 3.0)
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_cost_limited_windows_match_an_exhaustive_search(seed):
+    """Random windows planned within a random cost limit: the best schedule that keeps the limit
+    after every slot, or a PlanError where none does."""
+    rng = np.random.default_rng(500 + seed)
+    job = random_job(rng)
+    width = int(rng.integers(3, 6))
+    price = rng.uniform(0.3, 3.5, (width, 2))
+    available = rng.integers(0, 3, (width, 2)).astype(float)
+    start = float(rng.integers(0, 2))
+    work_done = 0.0 if not start else float(rng.uniform(0.0, job.work / 2))
+    previous = choices(job, [2, 2])[int(rng.integers(0, len(choices(job, [2, 2]))))] if start else Allocation.idle(2)
+    terminal = None if rng.random() < 0.4 else float(rng.uniform(0.5, 4.0))
+    req = request(
+        job,
+        price,
+        available,
+        start_hours=start,
+        work_done=work_done,
+        previous=previous,
+        terminal_cost_per_work=terminal,
+        deadline_safe_end=terminal is not None,
+        deadline_safe=bool(rng.random() < 0.5),
+        cost_limit=random_limit(rng, job, width, work_done),
+    )
+    best = exhaustive(req)
+    if best == np.inf:
+        with pytest.raises(PlanError):
+            solve_plan(req)
+        return
+    plan = solve_plan(req)
+    assert plan.objective == pytest.approx(best, abs=1e-6)
+    assert window_objective(req, plan.allocations) == pytest.approx(plan.objective, abs=1e-6)
+    fallback = Allocation((0, 0), job.max_instances)
+    progress = Progress(round(start), req.work_done, 0.0, previous)
+    for t, allocation in enumerate(plan.allocations):
+        advance(job, progress, allocation, price[t], 3.0)
+        assert keeps_limit(req, t, progress, allocation == fallback)
+
+
+def test_a_cost_limit_that_every_plan_breaks_is_refused():
+    job = make_job(work=4.0, deadline_hours=4.0, max_instances=2)
+    limit = CostLimit(np.zeros(3), np.full(3, 1.0), np.ones(3, dtype=bool), catch_up_price=3.0)
+    with pytest.raises(PlanError):
+        solve_plan(request(job, [[1.0]] * 3, [[2]] * 3, cost_limit=limit))
+
+
+@pytest.mark.parametrize(
+    "limit, message",
+    [
+        (CostLimit(np.zeros(2), np.zeros(2), np.ones(2, dtype=bool), 1.0), "cost_limit covers 2 slots"),
+        (dict(cost_cap=np.zeros(3), shadow_work=np.zeros(2), shadow_at_work=np.ones(3, dtype=bool), catch_up_price=1.0), "must all be"),
+        (dict(cost_cap=np.full(3, np.nan), shadow_work=np.zeros(3), shadow_at_work=np.ones(3, dtype=bool), catch_up_price=1.0), "finite"),
+        (dict(cost_cap=np.zeros(3), shadow_work=np.zeros(3), shadow_at_work=np.ones(3, dtype=bool), catch_up_price=-1.0), "catch_up_price"),
+    ],
+)
+def test_a_bad_cost_limit_names_the_field(limit, message):
+    job = make_job(work=4.0, deadline_hours=4.0, max_instances=2)
+    with pytest.raises(PlanError, match=message):
+        cost_limit = limit if isinstance(limit, CostLimit) else CostLimit(**limit)
+        request(job, [[1.0]] * 3, [[2]] * 3, cost_limit=cost_limit)

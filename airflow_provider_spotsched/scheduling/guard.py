@@ -26,12 +26,18 @@ cheap enough, else fall back on the robust algorithm for good):
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from airflow_provider_spotsched.forecast.base import Forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, Progress, Throughput, advance, shown
+from airflow_provider_spotsched.scheduling.planner import CostLimit
+from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, fits, is_deadline_safe, safety_net_allocation
@@ -128,6 +134,10 @@ class GuardedPolicy(Policy):
         """Slots before the switch that ran ``inner``'s choice topped up to the shadow's instance count."""
         self.safety_net_at: int | None = None
         """The slot from which, after the switch, the deadline safety net runs the job."""
+        self.inner_plans = isinstance(inner, CHCPolicy) and inner.plans_within_guard
+        """Whether ``inner`` plans within the bound (:meth:`window_limit`)."""
+        if isinstance(inner, CHCPolicy) and self.inner_plans:
+            inner.cost_limit = self.window_limit
 
     @property
     def forecaster(self) -> Forecaster | None:
@@ -170,12 +180,14 @@ class GuardedPolicy(Policy):
         bound but would never finish a job still behind it); else tracking for good.
 
         The invariant is checked on whichever choice runs, so it holds after every slot before
-        the switch and the bound's proof is unchanged (``docs/guard.md``).
+        the switch and the bound's proof is unchanged (``docs/guard.md``). A member that plans
+        within the bound (CHC) is not asked for the restart reserve: its plan keeps the
+        invariant in the slots ahead on its forecast, which the reserve only stands in for.
         """
         self._follow_shadow(observation)
         if self.switched_at is None:
             choice = self.inner.decide(observation)
-            if self.within_bound(observation, choice, restart_reserve=True):
+            if self.within_bound(observation, choice, restart_reserve=not self.inner_plans):
                 return choice
             shadow_choice = self._shadow_choice(observation)
             topped_up = topped_up_to(choice, shadow_choice.total, observation)
@@ -211,6 +223,38 @@ class GuardedPolicy(Policy):
         if gap > 0 and restart_reserve:
             gap += job.reconfig_overhead_hours * job.rate(job.max_instances)
         return after.cost + catch_up_price(job, on_demand) * gap <= self.guard * shadow.cost + 1e-9
+
+    def window_limit(self, observation: Observation, price: np.ndarray, available: np.ndarray) -> CostLimit:
+        """The invariant over a window of ``price`` and ``available`` rows (row 0 the current
+        slot), for a member that plans to plan within: the shadow run on over those rows, as it
+        would run if the market turned out so, and each slot priced as :meth:`within_bound`
+        prices a planning member's choice. A plan within it is one the guard lets run where the
+        forecast is right; the guard still checks every slot that runs."""
+        job, on_demand = observation.job, observation.on_demand_price
+        shadow, policy = replace(self._shadow_progress), copy.deepcopy(self._shadow)
+        counts = np.maximum(np.floor(available), 0)
+        past, idle = observation.past, Allocation.idle(observation.past.num_pools)
+        costs, works, at_work = [], [], []
+        for row in range(len(price)):
+            if row > 0 and not shadow.done:
+                past = replace(
+                    past,
+                    spot_price=np.vstack([past.spot_price, price[row : row + 1]]),
+                    available=np.vstack([past.available, counts[row : row + 1]]),
+                )
+                seen = Observation(job, shadow.slot, past, observation.past_offset, shadow.work_done, shadow.cost, shadow.previous or idle)
+                advance(job, shadow, policy.decide(seen), price[row], on_demand)
+            costs.append(shadow.cost)
+            works.append(job.work if shadow.done else shadow.work_done)
+            at_work.append(not shadow.done)
+        measured_apart = observation.work_done - self._job_so_far(observation).work_done
+        return CostLimit(
+            cost_cap=self.guard * np.asarray(costs) - observation.cost_so_far,
+            shadow_work=np.asarray(works) + measured_apart,
+            shadow_at_work=np.asarray(at_work),
+            catch_up_price=catch_up_price(job, on_demand),
+            handover_margin=handover_margin(job),
+        )
 
     def _follow_shadow(self, observation: Observation) -> None:
         """Run the shadow UP through the current slot, on the market rows the observation holds.

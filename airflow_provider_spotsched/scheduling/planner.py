@@ -43,6 +43,37 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
+class CostLimit:
+    """A bound the plan keeps after every slot: the cost guard's invariant on the window's market.
+
+    After window slot t the plan's cost in the window plus ``catch_up_price`` times the work by
+    which it trails ``shadow_work[t]`` (the shadow Uniform Progress's work done by then, in the
+    request's units) stays within ``cost_cap[t]``. A plan that has finished trails nothing. The
+    bound grows with cost and shrinks with work, so it keeps Pareto dominance between partial
+    plans, and the exact planner stays exact under it. After a slot where the shadow is
+    still at work (``shadow_at_work``), a plan that trails it keeps ``handover_margin`` hours of
+    slack beyond what N_max on-demand instances need to finish by the soft deadline.
+    """
+
+    cost_cap: np.ndarray
+    shadow_work: np.ndarray
+    shadow_at_work: np.ndarray
+    catch_up_price: float
+    handover_margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        cap, work = np.asarray(self.cost_cap, dtype=float), np.asarray(self.shadow_work, dtype=float)
+        if cap.ndim != 1 or cap.shape != work.shape or np.shape(self.shadow_at_work) != cap.shape:
+            raise PlanError(
+                f"cost_cap {cap.shape}, shadow_work {work.shape} and shadow_at_work {np.shape(self.shadow_at_work)} must all be [w slots]"
+            )
+        if not (np.all(np.isfinite(cap)) and np.all(np.isfinite(work))):
+            raise PlanError("cost_cap and shadow_work must be finite")
+        if not (self.catch_up_price >= 0 and self.handover_margin >= 0):
+            raise PlanError(f"catch_up_price ({self.catch_up_price}) and handover_margin ({self.handover_margin}) must be >= 0")
+
+
+@dataclass(frozen=True)
 class PlanRequest:
     """The job's state at the window's first slot and the window's market."""
 
@@ -61,6 +92,8 @@ class PlanRequest:
     deadline_safe_end: bool = False
     # If True, every slot of the plan passes rules.is_deadline_safe (which implies a safe end).
     deadline_safe: bool = False
+    # If set, every slot of the plan keeps this bound (a guarded policy's invariant).
+    cost_limit: CostLimit | None = None
 
     def __post_init__(self) -> None:
         price = np.asarray(self.spot_price, dtype=float)
@@ -73,6 +106,8 @@ class PlanRequest:
             raise PlanError(f"previous has {len(self.previous.spot)} pools, spot_price has {price.shape[1]}")
         if not (np.all(np.isfinite(price)) and np.all(np.isfinite(available))):
             raise PlanError("spot_price and available must be finite; fill forecast gaps before planning")
+        if self.cost_limit is not None and len(self.cost_limit.cost_cap) != price.shape[0]:
+            raise PlanError(f"cost_limit covers {len(self.cost_limit.cost_cap)} slots, the window has {price.shape[0]}")
         slot = self.job.slot_hours
         if self.start_hours < 0 or abs(round(self.start_hours / slot) * slot - self.start_hours) > 1e-6:
             raise PlanError(f"start_hours must be a multiple of slot_hours={slot:g} and >= 0, got {self.start_hours}")
@@ -126,6 +161,19 @@ def _fill_cost_n(price: np.ndarray, cap: np.ndarray, on_demand: np.ndarray, n: n
     before = np.cumsum(sorted_cap, axis=1) - sorted_cap
     take = np.clip(n[:, None] - before, 0, sorted_cap)
     return (take * sorted_price).sum(axis=1) + (n - take.sum(axis=1)) * on_demand
+
+
+def _fill_counts(price: np.ndarray, cap: np.ndarray, on_demand: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cheapest fill of each count per row (same greedy as :func:`_fill_costs`): spot
+    instances per pool ``[K, C, M]`` and on-demand ones ``[K, C]``."""
+    order = np.argsort(price, axis=1, kind="stable")
+    sorted_price = np.take_along_axis(price, order, axis=1)
+    sorted_cap = np.where(sorted_price <= on_demand[:, None], np.take_along_axis(cap, order, axis=1), 0)
+    before = np.cumsum(sorted_cap, axis=1) - sorted_cap
+    take = np.clip(counts[None, :, None] - before[:, None, :], 0, sorted_cap[:, None, :])
+    spot = np.zeros_like(take)
+    np.put_along_axis(spot, np.broadcast_to(order[:, None, :], take.shape), take, axis=2)
+    return spot, counts[None, :] - take.sum(axis=2)
 
 
 class _Records:
@@ -193,9 +241,12 @@ class _Window:
         self.guard = request.deadline_safe
         self.safe_end = request.deadline_safe_end or request.deadline_safe
         self.cum_price = np.vstack([np.zeros(self.pools), np.cumsum(self.price, axis=0)])
+        self.limit = request.cost_limit
         self._segment_tables()
         self._continuation_tables()
         self._bound_tables()
+        if self.limit is not None:
+            self._limit_tables()
 
     # ----- tables -------------------------------------------------------------------------
     def _segment_tables(self) -> None:
@@ -260,6 +311,60 @@ class _Window:
         min_hourly = hourly[:, self.job.min_instances]
         cheapest_after = np.append(np.minimum.accumulate(min_hourly[::-1])[::-1], np.inf)
         self.overhead_cost = cheapest_after * self.delta if self.delta > 0 else np.zeros(w + 1)
+
+    def _limit_tables(self) -> None:
+        """What the cost limit asks of a label before a segment: per segment [t1, t2) and option,
+        the most its window cost so far may be (``limit_cost``) and the most its cost minus
+        ``catch_up_price`` x its work may be (``limit_floor``), for the segment's own vector to keep
+        the limit after each of its slots. Both the cost and the work of a segment grow slot by
+        slot, so a label passes when these two minima over the segment's slots hold."""
+        limit, w, s = self.limit, self.w, self.s
+        assert limit is not None
+        self.lim_cap = np.asarray(limit.cost_cap, dtype=float)
+        shadow = np.asarray(limit.shadow_work, dtype=float)
+        self.lim_price = float(limit.catch_up_price)
+        self.lim_floor = self.lim_cap - self.lim_price * shadow
+        # The least work after each slot: level with a shadow at work, or the margin's slack
+        # (one overhead less for the fallback itself, which a switch to N_max on-demand keeps).
+        hours_left = self.job.deadline_hours - (self.start + s * np.arange(1, w + 1)) - limit.handover_margin
+        at_work = np.asarray(limit.shadow_at_work, dtype=bool)
+        self.lim_work = np.where(at_work, np.minimum(shadow, self.work - (hours_left - self.delta) * self.rate_max), -np.inf)
+        self.lim_work_fallback = np.where(at_work, np.minimum(shadow, self.work - hours_left * self.rate_max), -np.inf)
+        options = len(self.opt_counts)
+        self.limit_cost = np.full((w, w + 1, options), -np.inf)
+        self.limit_floor = np.full((w, w + 1, options), -np.inf)
+        self.limit_work = np.full((w, w + 1, options), np.inf)
+        least = np.where(self.opt_fallback[:, None], self.lim_work_fallback[None, :], self.lim_work[None, :])
+        spot_counts = self.opt_counts[~self.opt_fallback]
+        for t1 in range(w):
+            ends = np.arange(t1 + 1, w + 1)
+            summed = self.cum_price[ends] - self.cum_price[t1]
+            spot, on_demand = _fill_counts(summed, self.cap[t1, ends], (ends - t1) * self.od, spot_counts)
+            hourly = np.einsum("ecm,km->eck", spot, self.price[t1:]) + on_demand[:, :, None] * self.od
+            if self.opt_fallback.any():
+                hourly = np.concatenate([hourly, np.full((len(ends), 1, w - t1), self.n_max * self.od)], axis=1)
+            spent = np.cumsum(hourly * s, axis=2)  # [end, option, slot of the segment]
+            lengths = np.arange(1, w - t1 + 1)
+            work = (lengths[None, :] * s - self.delta) * self.opt_rates[:, None]  # [option, slot]
+            inside = lengths[None, None, :] <= (ends - t1)[:, None, None]
+            cost_room = np.where(inside, self.lim_cap[t1:] - spent, np.inf).min(axis=2)
+            floor_room = np.where(inside, self.lim_floor[t1:] - spent + self.lim_price * work[None], np.inf).min(axis=2)
+            work_needed = np.where(inside, (least[:, t1:] - work)[None], -np.inf).max(axis=2)
+            self.limit_cost[t1, ends] = cost_room
+            self.limit_floor[t1, ends] = floor_room
+            self.limit_work[t1, ends] = work_needed
+
+    def _within_limit(self, slot, work: np.ndarray, cost: np.ndarray, fallback=False) -> np.ndarray:
+        """Whether labels (window cost and work after window slot ``slot``, run on the fallback
+        there or not) keep the cost limit there."""
+        if self.limit is None:
+            return np.ones(np.broadcast(work, cost).shape, dtype=bool)
+        least = np.where(fallback, self.lim_work_fallback[slot], self.lim_work[slot])
+        return (
+            (cost <= self.lim_cap[slot] + 1e-9)
+            & (cost - self.lim_price * work <= self.lim_floor[slot] + 1e-9)
+            & (work >= least - WORK_EPSILON)
+        )
 
     def _prefix(self, table: np.ndarray) -> np.ndarray:
         """Cost of buying the first j pieces of each row of ``table`` (one slot's work each)."""
@@ -340,7 +445,9 @@ class _Window:
                 self._extend(t, tuple(x[first : first + chunk] for x in front), buckets, best)
             if t == 0:
                 self._continue_previous(front, buckets, best)
-        self._offer_end(*front, best, fallback=False)  # the labels that pause through the last slot
+        work, cost, ids = front  # the labels that pause through the last slot
+        paused = self._within_limit(self.w - 1, work, cost)
+        self._offer_end(work[paused], cost[paused], ids[paused], best, fallback=False)
         if best.parent < 0:
             return best, None, truncated
         return best, self._rebuild(best, records.frozen()), truncated
@@ -356,6 +463,9 @@ class _Window:
         for chunk in bucket:
             parts.append((chunk[0], chunk[1], np.full(len(chunk[0]), -1), *chunk[2:]))
         work, cost, ids, parent, first, count, kind = (np.concatenate(x) for x in zip(*parts))
+        if self.limit is not None:  # a label paused through slot t-1 is checked there too
+            kept = self._within_limit(t - 1, work, cost, kind == _FALLBACK)
+            work, cost, ids, parent, first, count, kind = (x[kept] for x in (work, cost, ids, parent, first, count, kind))
         lower = self._lower_bound(np.full(len(work), t), work, cost)
         keep = lower < bound - COST_TOLERANCE
         columns = (work, cost, ids, parent, first, count, kind, lower)
@@ -389,6 +499,8 @@ class _Window:
         running = ends_work < self.work - WORK_EPSILON
         if self.guard:  # safe after a segment's last slot means safe after each of its slots
             running &= self._safe((t + lengths)[:, None, None], self.work - ends_work, self.opt_fallback[None, :, None])
+        if self.limit is not None:
+            running &= self._segment_within_limit(t, t + lengths[:, None, None], np.arange(len(self.opt_counts))[None, :, None], work, cost)
         if self.w - t > 1:
             self._push(t, ends_work[:-1], ends_cost[:-1], running[:-1], ids, buckets, best.objective)
         option, label = np.nonzero(running[-1])
@@ -398,6 +510,14 @@ class _Window:
             counts=self.opt_counts[option], kinds=self.opt_kind[option],
         )
         self._complete(t, work, cost, ids, best)
+
+    def _segment_within_limit(self, first: int, end, option, work: np.ndarray, cost: np.ndarray) -> np.ndarray:
+        """Whether labels (window work and cost at slot ``first``) keep the cost limit through a
+        segment ``[first, end)`` of ``option`` (arrays broadcast together)."""
+        room_cost = self.limit_cost[first, end, option]
+        room_floor = self.limit_floor[first, end, option]
+        least = self.limit_work[first, end, option]
+        return (cost <= room_cost + 1e-9) & (cost - self.lim_price * work <= room_floor + 1e-9) & (work >= least - WORK_EPSILON)
 
     def _push(self, t: int, ends_work, ends_cost, running, ids, buckets, bound: float) -> None:
         """Queue the segment ends inside the window at their end slot, after the bound test."""
@@ -431,6 +551,10 @@ class _Window:
             before = remaining - rates * ((slots - 1) * s - delta)
             ok &= (slots == 1) | self._safe(t + slots - 1, before, fallback)
             ok &= self.start + t * s + delta + remaining / rates <= self.job.deadline_hours + 1e-9
+        if self.limit is not None:  # the slots before the completion slot; finished, the job trails nothing
+            option = np.tile(np.arange(options), len(work))
+            before_end = t + np.clip(slots - 1, 1, self.w - t)
+            ok &= (slots == 1) | self._segment_within_limit(t, before_end, option, work[label], cost[label])
         columns = (remaining, label, rates, counts, kinds, fallback, slots)
         remaining, label, rates, counts, kinds, fallback, slots = (x[ok] for x in columns)
         if not len(label):
@@ -444,6 +568,8 @@ class _Window:
         segment = _fill_cost_n(summed, cap, on_demand, counts) * s
         hours = self.start + t * s + delta + remaining / rates
         objective = cost[label] + segment - self._value(hours)
+        if self.limit is not None:
+            objective = np.where(cost[label] + segment <= self.lim_cap[last] + 1e-9, objective, np.inf)
         i = int(np.argmin(objective))
         if objective[i] < best.objective:
             best.improve(
@@ -469,6 +595,8 @@ class _Window:
         running = ends_work < self.work - WORK_EPSILON
         if self.guard:
             running &= self._safe(ends, self.work - ends_work, fallback)
+        kept_so_far = np.logical_and.accumulate(self._within_limit(ends - 1, ends_work, ends_cost, fallback))
+        running &= kept_so_far
         segment = (root, np.array([0]), np.array([prev.total]), np.array([_CONTINUE]))
         for end in ends[running & (ends < self.w)]:
             buckets[end].append((ends_work[end - 1 : end], ends_cost[end - 1 : end], *segment))
@@ -481,13 +609,16 @@ class _Window:
         k = int(self._completion_slots(np.array([remaining]), rate, 0.0)[0])
         billed = remaining / rate - (k - 1) * s
         hours = self.start + remaining / rate
-        if k > self.cont_end:
+        if k > self.cont_end or (k > 1 and not kept_so_far[k - 2]):
             return
         if self.guard:
             late = hours > self.job.deadline_hours + 1e-9
             if late or (k > 1 and not self._safe(k - 1, remaining - rate * (k - 1) * s, fallback)):
                 return
-        objective = self.cont_cost[k - 1] + billed * self.cont_hourly[k - 1] - float(self._value(np.array([hours]))[0])
+        spent = self.cont_cost[k - 1] + billed * self.cont_hourly[k - 1]
+        if self.limit is not None and spent > self.lim_cap[k - 1] + 1e-9:
+            return
+        objective = spent - float(self._value(np.array([hours]))[0])
         if objective < best.objective:
             best.improve(float(objective), int(root[0]), 0, k, prev.total, _CONTINUE, billed / s, hours)
 

@@ -28,6 +28,7 @@ allocation (:func:`~airflow_provider_spotsched.scheduling.rules.safety_net_alloc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -37,7 +38,7 @@ from airflow_provider_spotsched.forecast import make_forecaster
 from airflow_provider_spotsched.forecast.base import Forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
-from airflow_provider_spotsched.scheduling.planner import PlanError, PlanRequest, solve_plan
+from airflow_provider_spotsched.scheduling.planner import CostLimit, PlanError, PlanRequest, solve_plan
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import expected_progress
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.rules import (
@@ -50,6 +51,9 @@ from airflow_provider_spotsched.scheduling.rules import (
     spot_only,
 )
 
+CostLimitSource = Callable[[Observation, np.ndarray, np.ndarray], CostLimit]
+"""What a cost guard gives CHC to plan within: the limit over a window of these prices and
+available counts (row 0 the current slot)."""
 TERMINAL_PRICES = ("marginal", "on-demand")
 DEFAULT_EARLY_PREFERENCE = 0.001
 """Per slot, the share by which a window's spot prices rise with lead time in the plan (and the
@@ -62,6 +66,8 @@ class CHCPolicy(Policy):
     """Plan ``window`` slots on a forecast, commit to ``commit`` of them, re-plan."""
 
     name = "chc"
+    plans_within_guard = True
+    """Under a cost guard, plan within its bound (the guard sets :attr:`cost_limit`)."""
 
     def __init__(
         self,
@@ -130,6 +136,9 @@ class CHCPolicy(Policy):
         # Waiting for spot to come back is a hedge against the forecast; the oracle's is the truth.
         self.defer_on_demand = not self.uses_future if defer_on_demand is None else defer_on_demand
         self._defer_default = defer_on_demand is None
+        self.cost_limit: CostLimitSource | None = None
+        """Set by a cost guard around CHC: every plan keeps the guard's bound on the forecast,
+        so where the forecast is right the guard never overrules it (``docs/guard.md``)."""
         self._committed: list[Allocation] = []
         # Per committed slot and pool: the spot capacity counted on where some was held in
         # reserve, else inf (nothing held back, so more spot is no news).
@@ -187,11 +196,16 @@ class CHCPolicy(Policy):
     def _plan(self, observation: Observation) -> tuple[list[Allocation], list[np.ndarray]]:
         """Solve the window from now: the committed allocations and the capacity each counted on."""
         request, held = self._window(observation)
-        try:
-            plan = solve_plan(request)
-        except PlanError:
-            return [on_demand_fallback(observation.job, observation.past.num_pools)], [held[0]]
-        return plan.allocations[: self.commit], list(held[: self.commit])
+        # Where the forecast leaves no plan within a guard's bound, plan without it: the guard
+        # then overrules, slot by slot, what would break the bound.
+        attempts = [request] if request.cost_limit is None else [request, replace(request, cost_limit=None)]
+        for attempt in attempts:
+            try:
+                plan = solve_plan(attempt)
+            except PlanError:
+                continue
+            return plan.allocations[: self.commit], list(held[: self.commit])
+        return [on_demand_fallback(observation.job, observation.past.num_pools)], [held[0]]
 
     def window_request(self, observation: Observation) -> PlanRequest:
         """The planning problem CHC solves at this observation: the window on the forecast."""
@@ -221,6 +235,8 @@ class CHCPolicy(Policy):
             deadline_safe_end=not reaches_horizon,
             deadline_safe=True,
         )
+        if self.cost_limit is not None:
+            request = replace(request, cost_limit=self.cost_limit(observation, price[:width], available[:width]))
         return request, np.where(available < point, available, np.inf)[:width]
 
     def _ahead(self, observation: Observation, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
