@@ -1,8 +1,10 @@
 """Time one CHC decision on the point forecast and on the forecast distribution, on GCP.
 
-Both CHCs forecast with ``auto`` and re-plan every slot (commit 1), so every timed decision
+Every CHC forecasts with ``auto`` and re-plans every slot (commit 1), so every timed decision
 forecasts and solves a 24-slot window over the trace's 13 pools for an N_max 16 job; the
-uncertainty-aware one plans on the capacity available with probability >= ``--level``. The
+uncertainty-aware one plans on the capacity available with probability >= ``--level``, the
+guarded one under the cost guard (``guard`` 1.2), within its bound: the shadow UP run on over
+the forecast and the planner's cost limit (``docs/guard.md``). The
 baseline, measured in the same run on the same jobs, is uniform progress's decision, and each
 CHC is also given as a ratio to it. The auto forecaster memoises its backtests per process, so
 the point-forecast CHC, which runs first on each job, pays for the backtests both CHCs use (its
@@ -41,6 +43,7 @@ def main() -> None:
     policies = {
         "uniform-progress": ("uniform-progress", {}),
         "chc, point forecast": ("chc", {"window": WINDOW, "commit": 1, "forecaster": "auto"}),
+        "chc, point forecast, guard 1.2": ("chc", {"window": WINDOW, "commit": 1, "forecaster": "auto", "guard": 1.2}),
         f"chc, spot available w.p. >= {args.level:g}": (
             "chc",
             {"window": WINDOW, "commit": 1, "forecaster": "auto", "uncertainty": "quantile", "level": args.level},
