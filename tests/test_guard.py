@@ -217,7 +217,8 @@ def test_the_bound_holds_on_random_markets(scenario: Scenario):
 def test_with_a_perfect_forecast_chc_plans_within_the_bound_and_the_guard_never_overrules_it(seed):
     """On the realised market, CHC's plans keep the guard's invariant after every slot, so the
     guard lets every slot run as planned: no top-up, no shadow's slot, no handover. Planning
-    blind, the same CHC is overruled where its plan leaves UP's path, and pays more."""
+    blind, the same CHC is overruled where its plan leaves UP's path, and pays no less (more on
+    7 of these 8 markets, the same on seed 4)."""
     job = make_job(work=4 * 12.0, deadline_hours=12.0 * 2 + 0.25, max_instances=4, reconfig_overhead_hours=0.25, value=2000.0)
     market = synthetic_job_market(seed, job.horizon_slots)
     up = simulate(UniformProgressPolicy(), job, market).outcome

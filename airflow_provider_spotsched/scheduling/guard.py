@@ -134,10 +134,11 @@ class GuardedPolicy(Policy):
         """Slots before the switch that ran ``inner``'s choice topped up to the shadow's instance count."""
         self.safety_net_at: int | None = None
         """The slot from which, after the switch, the deadline safety net runs the job."""
-        self.inner_plans = isinstance(inner, CHCPolicy) and inner.plans_within_guard
+        self.inner_plans = False
         """Whether ``inner`` plans within the bound (:meth:`window_limit`)."""
-        if isinstance(inner, CHCPolicy) and self.inner_plans:
+        if isinstance(inner, CHCPolicy) and inner.plans_within_guard:
             inner.cost_limit = self.window_limit
+            self.inner_plans = True
 
     @property
     def forecaster(self) -> Forecaster | None:
@@ -247,6 +248,8 @@ class GuardedPolicy(Policy):
             costs.append(shadow.cost)
             works.append(job.work if shadow.done else shadow.work_done)
             at_work.append(not shadow.done)
+        # The planner counts the job's work as measured, the guard on one model of the throughput
+        # (:meth:`_remeasure`): the shadow's work moves by their difference.
         measured_apart = observation.work_done - self._job_so_far(observation).work_done
         return CostLimit(
             cost_cap=self.guard * np.asarray(costs) - observation.cost_so_far,
