@@ -50,9 +50,10 @@ class CostLimit:
     which it trails ``shadow_work[t]`` (the shadow Uniform Progress's work done by then, in the
     request's units) stays within ``cost_cap[t]``. A plan that has finished trails nothing. The
     bound grows with cost and shrinks with work, so it keeps Pareto dominance between partial
-    plans, and the exact planner stays exact under it. After a slot where the shadow is
-    still at work (``shadow_at_work``), a plan that trails it keeps ``handover_margin`` hours of
-    slack beyond what N_max on-demand instances need to finish by the soft deadline.
+    plans (``docs/policies-optimal-chc.md`` has the one approximation: the slots before a
+    completion slot). After a slot where the shadow is still at work (``shadow_at_work``), a
+    plan that trails it keeps ``handover_margin`` hours of slack beyond what N_max on-demand
+    instances need to finish by the soft deadline.
     """
 
     cost_cap: np.ndarray
