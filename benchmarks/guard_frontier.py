@@ -16,14 +16,17 @@ grid's jobs. Plain script:
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import numpy as np
+from bench_guard import chc_params
 
 from airflow_provider_spotsched.market.shipped import cached_trace
 from airflow_provider_spotsched.scheduling.guard import catch_up_price, handover_margin
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, Progress, advance
-from airflow_provider_spotsched.scheduling.planner import CostLimit, PlanRequest, solve_plan
+from airflow_provider_spotsched.scheduling.planner import CostLimit, solve_plan
 from airflow_provider_spotsched.scheduling.policies import make_policy
+from airflow_provider_spotsched.scheduling.policies.optimal import horizon_request
 from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from airflow_provider_spotsched.simulation.evaluation import GridConfig, plan_scenarios, scenario_job
 
@@ -36,7 +39,7 @@ def run_through(job: Job, market: JobMarket, allocations: list[Allocation]) -> l
     for t in range(job.horizon_slots):
         if not progress.done and t < len(allocations):
             advance(job, progress, allocations[t], slots.spot_price[t], slots.on_demand_price)
-        after.append(Progress(progress.slot, progress.work_done, progress.cost, progress.previous, progress.completion_hours))
+        after.append(replace(progress))
     return after
 
 
@@ -44,7 +47,6 @@ def guarded_optimum(job: Job, market: JobMarket, up: list[Allocation], guard: fl
     """The cost of the cheapest schedule that keeps the guard's invariant after every slot."""
     slots = market.job_slots
     shadow = run_through(job, market, up)
-    window = slots.window(0, job.horizon_slots)
     limit = CostLimit(
         cost_cap=guard * np.array([p.cost for p in shadow]),
         shadow_work=np.array([job.work if p.done else p.work_done for p in shadow]),
@@ -52,16 +54,7 @@ def guarded_optimum(job: Job, market: JobMarket, up: list[Allocation], guard: fl
         catch_up_price=catch_up_price(job, slots.on_demand_price),
         handover_margin=handover_margin(job),
     )
-    request = PlanRequest(
-        job=job,
-        start_hours=0.0,
-        work_done=0.0,
-        previous=Allocation.idle(slots.num_pools),
-        spot_price=window.spot_price,
-        available=window.available,
-        on_demand_price=slots.on_demand_price,
-        cost_limit=limit,
-    )
+    request = replace(horizon_request(job, slots), cost_limit=limit)
     return run_through(job, market, solve_plan(request).allocations)[-1].cost
 
 
@@ -73,7 +66,6 @@ def main() -> None:
     parser.add_argument("--guards", nargs="+", type=float, default=[1.2], help="guard factors 1 + lambda")
     args = parser.parse_args()
     config = GridConfig(traces=tuple(args.traces), scenarios=args.scenarios, policies=("uniform-progress",))
-    oracle = {"forecaster": "oracle", "error": 0.0, "seed": 0, "commit": 1}
     up_excess: list[float] = []
     limit: dict[float, list[float]] = {g: [] for g in args.guards}
     chc: dict[float, list[float]] = {g: [] for g in args.guards}
@@ -87,7 +79,7 @@ def main() -> None:
             up_excess.append(up.outcome.cost / optimal - 1)
             for guard in args.guards:
                 limit[guard].append(guarded_optimum(job, market, up.allocations, guard) / optimal - 1)
-                cost = simulate(make_policy("chc", {**oracle, "guard": guard}), job, market).outcome.cost
+                cost = simulate(make_policy("chc", chc_params("oracle", 1, guard)), job, market).outcome.cost
                 chc[guard].append(cost / optimal - 1)
                 worst[guard] = max(worst[guard], cost / up.outcome.cost)
     mean_up = 100 * float(np.mean(up_excess))

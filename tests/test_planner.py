@@ -244,6 +244,20 @@ def exhaustive(req: PlanRequest) -> float:
     return best
 
 
+def matches_exhaustive(req: PlanRequest) -> Plan | None:
+    """The planner's plan, with the exhaustive search's best objective and re-accounted by
+    model.advance; None where no schedule is feasible, after checking the planner refuses it."""
+    best = exhaustive(req)
+    if best == np.inf:
+        with pytest.raises(PlanError):
+            solve_plan(req)
+        return None
+    plan = solve_plan(req)
+    assert plan.objective == pytest.approx(best, abs=1e-6)
+    assert window_objective(req, plan.allocations) == pytest.approx(plan.objective, abs=1e-6)
+    return plan
+
+
 def keeps_limit(req: PlanRequest, t: int, progress: Progress, on_fallback: bool) -> bool:
     """The cost limit after window slot t, as the guard states it: cost so far plus the catch-up
     price of the work by which the job trails the shadow within the cap, and a job trailing a
@@ -298,14 +312,9 @@ def test_windows_match_an_exhaustive_search(seed):
         deadline_safe_end=bool(terminal is not None and rng.random() < 0.4),
         deadline_safe=bool(rng.random() < 0.4),
     )
-    best = exhaustive(req)
-    if best == np.inf:
-        with pytest.raises(PlanError):
-            solve_plan(req)
+    plan = matches_exhaustive(req)
+    if plan is None:
         return
-    plan = solve_plan(req)
-    assert plan.objective == pytest.approx(best, abs=1e-6)
-    assert window_objective(req, plan.allocations) == pytest.approx(plan.objective, abs=1e-6)
     progress = Progress(round(start), req.work_done, 0.0, previous)
     for t, allocation in enumerate(plan.allocations):
         allocation.check(job, np.floor(available[t]))
@@ -340,14 +349,9 @@ def test_cost_limited_windows_match_an_exhaustive_search(seed):
         deadline_safe=bool(rng.random() < 0.5),
         cost_limit=random_limit(rng, job, width, work_done),
     )
-    best = exhaustive(req)
-    if best == np.inf:
-        with pytest.raises(PlanError):
-            solve_plan(req)
+    plan = matches_exhaustive(req)
+    if plan is None:
         return
-    plan = solve_plan(req)
-    assert plan.objective == pytest.approx(best, abs=1e-6)
-    assert window_objective(req, plan.allocations) == pytest.approx(plan.objective, abs=1e-6)
     fallback = Allocation((0, 0), job.max_instances)
     progress = Progress(round(start), req.work_done, 0.0, previous)
     for t, allocation in enumerate(plan.allocations):

@@ -105,6 +105,24 @@ def topped_up_to(choice: Allocation, instances: int, observation: Observation) -
     return Allocation(tuple(n + e for n, e in zip(choice.spot, extra.spot)), choice.on_demand + extra.on_demand)
 
 
+def step_shadow(policy: Policy, shadow: Progress, job: Job, market: SlotMarket, offset: int) -> Allocation:
+    """Run the shadow ``policy`` through its next slot on ``market`` (whose row ``offset`` is the
+    job's slot 0), advancing ``shadow`` in place; returns the allocation it ran."""
+    row = offset + shadow.slot
+    seen = Observation(
+        job=job,
+        slot=shadow.slot,
+        past=market.prefix(row + 1),
+        past_offset=offset,
+        work_done=shadow.work_done,
+        cost_so_far=shadow.cost,
+        previous=shadow.previous or Allocation.idle(market.num_pools),
+    )
+    choice = policy.decide(seen)
+    advance(job, shadow, choice, market.spot_price[row], market.on_demand_price)
+    return choice
+
+
 class GuardedPolicy(Policy):
     """``inner``'s choices while they keep its cost within ``guard`` x a shadow UP's; in the slots
     where they would not, the choice topped up to the shadow's instance count or the shadow's
@@ -233,18 +251,15 @@ class GuardedPolicy(Policy):
         forecast is right; the guard still checks every slot that runs."""
         job, on_demand = observation.job, observation.on_demand_price
         shadow, policy = replace(self._shadow_progress), copy.deepcopy(self._shadow)
-        counts = np.maximum(np.floor(available), 0)
-        past, idle = observation.past, Allocation.idle(observation.past.num_pools)
+        ahead = replace(  # the past, then the window's rows after the current slot
+            observation.past,
+            spot_price=np.vstack([observation.past.spot_price, price[1:]]),
+            available=np.vstack([observation.past.available, np.maximum(np.floor(available[1:]), 0)]),
+        )
         costs, works, at_work = [], [], []
         for row in range(len(price)):
             if row > 0 and not shadow.done:
-                past = replace(
-                    past,
-                    spot_price=np.vstack([past.spot_price, price[row : row + 1]]),
-                    available=np.vstack([past.available, counts[row : row + 1]]),
-                )
-                seen = Observation(job, shadow.slot, past, observation.past_offset, shadow.work_done, shadow.cost, shadow.previous or idle)
-                advance(job, shadow, policy.decide(seen), price[row], on_demand)
+                step_shadow(policy, shadow, job, ahead, observation.past_offset)
             costs.append(shadow.cost)
             works.append(job.work if shadow.done else shadow.work_done)
             at_work.append(not shadow.done)
@@ -271,22 +286,9 @@ class GuardedPolicy(Policy):
                 "reset the policy before a new job"
             )
         self._remeasure(observation)
-        job, shadow = observation.job, self._shadow_progress
-        idle = Allocation.idle(observation.past.num_pools)
+        shadow = self._shadow_progress
         while shadow.slot <= observation.slot and not shadow.done:
-            row = observation.past_offset + shadow.slot
-            seen = Observation(
-                job=job,
-                slot=shadow.slot,
-                past=observation.past.prefix(row + 1),
-                past_offset=observation.past_offset,
-                work_done=shadow.work_done,
-                cost_so_far=shadow.cost,
-                previous=shadow.previous or idle,
-            )
-            choice = self._shadow.decide(seen)
-            advance(job, shadow, choice, observation.past.spot_price[row], observation.on_demand_price)
-            self._shadow_ran.append(choice)
+            self._shadow_ran.append(step_shadow(self._shadow, shadow, observation.job, observation.past, observation.past_offset))
 
     def _remeasure(self, observation: Observation) -> None:
         """Re-measure the work of both allocation histories, the shadow's and the job's, at the

@@ -49,14 +49,19 @@ class OptimalPolicy(Policy):
                 f"the revealed market has {market.num_slots} slots, the job's horizon needs {job.horizon_slots}; "
                 "reveal the job's whole market up to its hard deadline"
             )
-        slots = market.window(0, job.horizon_slots)
-        request = PlanRequest(
-            job=job,
-            start_hours=0.0,
-            work_done=0.0,
-            previous=Allocation.idle(market.num_pools),
-            spot_price=slots.spot_price,
-            available=slots.available,
-            on_demand_price=market.on_demand_price,
-        )
-        return solve_plan(request)
+        return solve_plan(horizon_request(job, market))
+
+
+def horizon_request(job: Job, market: SlotMarket) -> PlanRequest:
+    """The whole job as one planning problem: from submission, idle, to the hard deadline, on
+    ``market`` (slot 0 = submission)."""
+    slots = market.window(0, job.horizon_slots)
+    return PlanRequest(
+        job=job,
+        start_hours=0.0,
+        work_done=0.0,
+        previous=Allocation.idle(market.num_pools),
+        spot_price=slots.spot_price,
+        available=slots.available,
+        on_demand_price=market.on_demand_price,
+    )
