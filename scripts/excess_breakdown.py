@@ -2,13 +2,13 @@
 
 For every job of a grid, each policy's run and the optimum's are split by
 `simulation.cost_breakdown` into spot bill, on-demand bill and instance-hours billed while
-restarting. Per trace and N_max it prints each policy's mean excess cost over the optimum, the
-part of it in the spot bill and in the on-demand bill (both in % of the optimum's cost; they sum to
-the excess where no deadline is missed), its restart hours and the optimum's per job, its
-restarts per job and those of them the market forced (a pool in use lost the instances), each
-with the optimum's, and the mean spot price it paid over the optimum's. A gap in the spot bill at the same price is hours
-bought (restarts, or running more instances); a gap in price is pools and hours chosen. Plain
-script; the selector is left out (it learns across jobs: run `spotsched evaluate` for it):
+restarting. Per trace and N_max it prints each policy's mean excess cost over the optimum; the
+part of it in the spot bill and in the on-demand bill (both in % of the optimum's cost; they sum
+to the excess where no deadline is missed); per job its restart hours, its restarts and those
+of them the market forced (a pool in use lost the instances), each beside the optimum's; and
+the mean spot price it paid over the optimum's. A gap in the spot bill at the same price is
+hours bought (restarts, or running more instances); a gap in price is pools and hours chosen.
+Plain script; the selector is left out (it learns across jobs: run `spotsched evaluate` for it):
 
     python scripts/excess_breakdown.py --scenarios 2
     python scripts/excess_breakdown.py --traces /tmp/sel/s41.csv.gz --nmax 4 8 --policies uniform-progress \\
