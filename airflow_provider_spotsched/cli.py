@@ -290,6 +290,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         config = SyntheticMarketConfig(
             seed=args.seed, pools=args.pools, days=args.days, regimes=not args.no_regimes,
             diurnal_amplitude=args.diurnal_amplitude, collapses_per_week=args.collapses_per_week,
+            flap_episodes_per_day=args.flap_episodes_per_day,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
@@ -553,6 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--no-regimes", action="store_true", help="availability always plentiful (no regime switching)")
     syn.add_argument("--diurnal-amplitude", type=float, default=0.3, help="daily price cycle, fraction of the mean (0: flat)")
     syn.add_argument("--collapses-per-week", type=float, default=1.0, help="all pools at 0 capacity, times per week")
+    syn.add_argument(
+        "--flap-episodes-per-day", type=float, default=0.0,
+        help="per pool and day, hours-long episodes of hourly drops and returns (0: none)",
+    )
     syn.set_defaults(run=cmd_synth)
     return parser
 

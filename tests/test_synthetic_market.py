@@ -60,6 +60,29 @@ def test_prices_follow_a_daily_cycle():
     assert day > 0.8 and half < -0.5
 
 
+def test_flapping_lowers_counts_in_bursts_and_leaves_the_rest_of_the_seed_alone():
+    plain = generate(SyntheticMarketConfig(seed=8, days=14))
+    flapping = generate(SyntheticMarketConfig(seed=8, days=14, flap_episodes_per_day=1.0))
+    np.testing.assert_array_equal(flapping.spot_price, plain.spot_price)
+    assert flapping.collapses == plain.collapses
+    assert (flapping.available <= plain.available).all() and (flapping.available < plain.available).any()
+
+    def drop_after(available: np.ndarray, recent: bool) -> float:
+        """P(the count falls next hour | some fall in the last three hours == recent), offered hours only."""
+        hourly = available[::6]
+        falls = np.diff(hourly, axis=0) < 0
+        cases = [
+            falls[t, m]
+            for m in range(hourly.shape[1])
+            for t in range(3, falls.shape[0])
+            if hourly[t, m] > 0 and falls[t - 3 : t, m].any() == recent
+        ]
+        return float(np.mean(cases))
+
+    assert drop_after(flapping.available, recent=True) > 1.3 * drop_after(flapping.available, recent=False)
+    assert drop_after(plain.available, recent=True) < drop_after(plain.available, recent=False)
+
+
 def test_settings_out_of_range_are_refused_by_name():
     with pytest.raises(ValueError, match=r"\['pools', 'diurnal_amplitude'\]"):
         SyntheticMarketConfig(pools=0, diurnal_amplitude=1.5)
@@ -71,3 +94,4 @@ def test_spotsched_synth_writes_a_trace_file_and_refuses_bad_settings(tmp_path, 
     assert "3 pools, 4 days" in capsys.readouterr().out
     assert sorted(load_trace(out).pools) == ["syn-a", "syn-b", "syn-c"]
     assert main(["synth", "--out", str(out), "--pools", "40"]) == 2
+    assert main(["synth", "--out", str(out), "--flap-episodes-per-day", "-1"]) == 2

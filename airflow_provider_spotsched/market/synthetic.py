@@ -10,7 +10,11 @@ scheduler must survive, each on or off:
 - **diurnal prices**: each pool's spot price follows a daily cycle with its own phase (local
   working hours) and noise, and rises when capacity is scarce;
 - **sudden capacity collapse**: a few times per trace every pool loses all capacity for hours
-  (a preemption storm), with no warning in the prices.
+  (a preemption storm), with no warning in the prices;
+- **flapping pools** (off by default): episodes of hours in which a pool's count falls for an
+  hour at a time and comes back, so that one drop makes the next likely, as in the shipped
+  traces (there a drop follows one of the last three hours with about 2-3 times the chance it
+  has otherwise); the regimes alone make drops independent of the last ones.
 
 ``capacity`` is the count a pool offers in its plenty regime; ticks are ``tick_minutes`` apart.
 The same seed and settings always give the same file (numpy's PCG64 from ``seed``).
@@ -27,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 PLENTY, SCARCE, NONE = 0, 1, 2
+FLAP_STREAM = 1  # the flapping episodes' random stream, apart from the seed's main one
 REGIME_SHARE = {PLENTY: 1.0, SCARCE: 0.25, NONE: 0.0}
 """The share of a pool's capacity each regime offers (scarce: a quarter, rounded down, at least 1)."""
 
@@ -48,6 +53,10 @@ class SyntheticMarketConfig:
     :param diurnal_amplitude: the daily price cycle's amplitude, as a fraction of the mean (0: flat).
     :param collapses_per_week: capacity collapses (every pool at 0) per week.
     :param collapse_hours: (shortest, longest) length of a collapse, hours.
+    :param flap_episodes_per_day: flapping episodes per pool and day (0: none). Drawn from their
+        own random stream, so the rest of a seed's market is the same with or without them.
+    :param flap_hours: (shortest, longest) length of an episode, hours; in each of its hours the
+        pool keeps a uniform random share of its count with probability 1/2.
     :param start: the first tick (UTC).
     """
 
@@ -64,6 +73,8 @@ class SyntheticMarketConfig:
     diurnal_amplitude: float = 0.3
     collapses_per_week: float = 1.0
     collapse_hours: tuple[float, float] = (3.0, 12.0)
+    flap_episodes_per_day: float = 0.0
+    flap_hours: tuple[float, float] = (3.0, 12.0)
     start: datetime = datetime(2026, 1, 5, tzinfo=timezone.utc)
 
     def __post_init__(self) -> None:
@@ -79,6 +90,8 @@ class SyntheticMarketConfig:
             "diurnal_amplitude": 0 <= self.diurnal_amplitude < 1,
             "collapses_per_week": self.collapses_per_week >= 0,
             "collapse_hours": 0 < self.collapse_hours[0] <= self.collapse_hours[1],
+            "flap_episodes_per_day": self.flap_episodes_per_day >= 0,
+            "flap_hours": 0 < self.flap_hours[0] <= self.flap_hours[1],
         }
         wrong = [name for name, ok in checks.items() if not ok]
         if wrong:
@@ -113,6 +126,8 @@ def generate(config: SyntheticMarketConfig) -> SyntheticMarket:
     share = np.vectorize(REGIME_SHARE.get)(regime)
     available = np.floor(share * config.capacity).astype(int)
     available[(regime == SCARCE) & (available < 1)] = 1
+    if config.flap_episodes_per_day > 0:
+        _flap(config, available, per_hour)
     collapses = _collapses(config, rng, ticks, per_hour)
     for first, end in collapses:
         available[first:end, :] = 0
@@ -164,6 +179,21 @@ def _regimes(config: SyntheticMarketConfig, rng: np.random.Generator, ticks: int
         regime[t] = np.where(shock_left > 0, np.maximum(state, SCARCE), state)
         shock_left = max(shock_left - 1, 0)
     return regime
+
+
+def _flap(config: SyntheticMarketConfig, available: np.ndarray, per_hour: float) -> None:
+    """Lower ``available`` in place in flapping episodes: a Poisson number per pool, at uniform
+    times; in each hour of one, with probability 1/2, the pool keeps a uniform share of its count."""
+    rng = np.random.default_rng([config.seed, FLAP_STREAM])
+    ticks, hour = available.shape[0], max(int(round(per_hour)), 1)
+    for m in range(config.pools):
+        for _ in range(rng.poisson(config.flap_episodes_per_day * config.days)):
+            first = int(rng.integers(0, ticks))
+            end = min(first + max(int(rng.uniform(*config.flap_hours) * per_hour), 1), ticks)
+            for start in range(first, end, hour):
+                if rng.random() < 0.5:
+                    block = available[start : min(start + hour, end), m]
+                    block[:] = np.floor(block * rng.uniform(0.0, 1.0)).astype(int)
 
 
 def _collapses(config: SyntheticMarketConfig, rng: np.random.Generator, ticks: int, per_hour: float) -> list[tuple[int, int]]:
