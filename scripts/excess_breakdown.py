@@ -124,8 +124,9 @@ def main() -> None:
                     continue
                 run = simulate(policy, job, market)
                 excess = (optimal.outcome.utility - run.outcome.utility) / optimal.outcome.cost
+                bill = cost_breakdown(run, market)
                 for n_max in (job.max_instances, 0):  # 0: every N_max of the trace
-                    tallies[(trace_name(path), n_max, name)].add(excess, cost_breakdown(run, market), optimal_bill)
+                    tallies[(trace_name(path), n_max, name)].add(excess, bill, optimal_bill)
     print(
         f"{'trace, N_max':<36} {'policy':<24} {'jobs':>5} {'excess':>9} {'spot bill':>9} {'on-demand':>9} "
         f"{'restart h':>8} {'optimum':>8} {'restarts':>8} {'optimum':>7} {'forced':>7} {'optimum':>7} {'price':>8}"

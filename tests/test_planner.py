@@ -288,15 +288,21 @@ def random_limit(rng: np.random.Generator, job: Job, width: int, work_done: floa
     )
 
 
-@pytest.mark.parametrize("seed", range(36))
-def test_windows_match_an_exhaustive_search(seed):
-    """Random windows: offsets, previous allocations, terminal prices, safe ends and safe slots."""
-    rng = np.random.default_rng(100 + seed)
+def random_window(rng: np.random.Generator) -> tuple[Job, int, np.ndarray, np.ndarray, float]:
+    """A random job and a window of 3-5 slots over two pools: the job, the width, prices,
+    available counts, and the start (0 or 1 h)."""
     job = random_job(rng)
     width = int(rng.integers(3, 6))
     price = rng.uniform(0.3, 3.5, (width, 2))
     available = rng.integers(0, 3, (width, 2)).astype(float)
-    start = float(rng.integers(0, 2))
+    return job, width, price, available, float(rng.integers(0, 2))
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_windows_match_an_exhaustive_search(seed):
+    """Random windows: offsets, previous allocations, terminal prices, safe ends and safe slots."""
+    rng = np.random.default_rng(100 + seed)
+    job, width, price, available, start = random_window(rng)
     previous = Allocation.idle(2)
     if start and rng.random() < 0.7:
         previous = choices(job, [2, 2])[int(rng.integers(1, len(choices(job, [2, 2]))))]
@@ -329,11 +335,7 @@ def test_cost_limited_windows_match_an_exhaustive_search(seed):
     """Random windows planned within a random cost limit: the best schedule that keeps the limit
     after every slot, or a PlanError where none does."""
     rng = np.random.default_rng(500 + seed)
-    job = random_job(rng)
-    width = int(rng.integers(3, 6))
-    price = rng.uniform(0.3, 3.5, (width, 2))
-    available = rng.integers(0, 3, (width, 2)).astype(float)
-    start = float(rng.integers(0, 2))
+    job, width, price, available, start = random_window(rng)
     work_done = 0.0 if not start else float(rng.uniform(0.0, job.work / 2))
     previous = choices(job, [2, 2])[int(rng.integers(0, len(choices(job, [2, 2]))))] if start else Allocation.idle(2)
     terminal = None if rng.random() < 0.4 else float(rng.uniform(0.5, 4.0))
