@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from airflow_provider_spotsched.cli import main
+from airflow_provider_spotsched.market.drops import drop_after_drop, drop_rates
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate, write_trace
 from airflow_provider_spotsched.market.trace import load_trace
@@ -67,20 +68,10 @@ def test_flapping_lowers_counts_in_bursts_and_leaves_the_rest_of_the_seed_alone(
     assert flapping.collapses == plain.collapses
     assert (flapping.available <= plain.available).all() and (flapping.available < plain.available).any()
 
-    def drop_after(available: np.ndarray, recent: bool) -> float:
-        """P(the count falls next hour | some fall in the last three hours == recent), offered hours only."""
-        hourly = available[::6]
-        falls = np.diff(hourly, axis=0) < 0
-        cases = [
-            falls[t, m]
-            for m in range(hourly.shape[1])
-            for t in range(3, falls.shape[0])
-            if hourly[t, m] > 0 and falls[t - 3 : t, m].any() == recent
-        ]
-        return float(np.mean(cases))
-
-    assert drop_after(flapping.available, recent=True) > 1.3 * drop_after(flapping.available, recent=False)
-    assert drop_after(plain.available, recent=True) < drop_after(plain.available, recent=False)
+    bursty = drop_after_drop(flapping.available[::6])  # hourly, as in the shipped traces' check
+    assert bursty[0] > 1.3 * bursty[1]
+    memoryless = drop_after_drop(plain.available[::6])
+    assert memoryless[0] < memoryless[1]
 
 
 def test_settings_out_of_range_are_refused_by_name():
@@ -95,3 +86,14 @@ def test_spotsched_synth_writes_a_trace_file_and_refuses_bad_settings(tmp_path, 
     assert sorted(load_trace(out).pools) == ["syn-a", "syn-b", "syn-c"]
     assert main(["synth", "--out", str(out), "--pools", "40"]) == 2
     assert main(["synth", "--out", str(out), "--flap-episodes-per-day", "-1"]) == 2
+
+
+def test_drop_statistics_counted_by_hand():
+    # Pool 0: 2, 1, 1, 0, 2, 1, 1 (falls after slots 0, 2, 4); pool 1 never offers capacity.
+    available = np.array([[2, 0], [1, 0], [1, 0], [0, 0], [2, 0], [1, 0], [1, 0]])
+    rates = drop_rates(available)
+    assert rates[0] == pytest.approx(3 / 5)  # slots 0-5 offer capacity except slot 3
+    assert np.isnan(rates[1])
+    # From slot 1 on (a one-slot look back): slot 1 follows a fall and holds, slot 2 follows none
+    # and falls, slot 4 follows none and falls, slot 5 follows a fall and holds.
+    assert drop_after_drop(available, lookback=1) == (0.0, 1.0)

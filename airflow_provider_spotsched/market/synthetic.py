@@ -13,8 +13,9 @@ scheduler must survive, each on or off:
   (a preemption storm), with no warning in the prices;
 - **flapping pools** (off by default): episodes of hours in which a pool's count falls for an
   hour at a time and comes back, so that one drop makes the next likely, as in the shipped
-  traces (there a drop follows one of the last three hours with about 2-3 times the chance it
-  has otherwise); the regimes alone make drops independent of the last ones.
+  traces (there a drop follows one in the last three hours with about 2-3 times the chance it
+  has otherwise, :func:`~airflow_provider_spotsched.market.drops.drop_after_drop`); the regimes
+  alone make drops independent of the last ones.
 
 ``capacity`` is the count a pool offers in its plenty regime; ticks are ``tick_minutes`` apart.
 The same seed and settings always give the same file (numpy's PCG64 from ``seed``).
