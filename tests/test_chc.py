@@ -119,6 +119,8 @@ def test_params_and_label():
     assert CHCPolicy(early_preference=0.0).params()["early_preference"] == 0.0
     assert CHCPolicy(forecaster="persistence").defer_on_demand and not CHCPolicy(forecaster="oracle").defer_on_demand
     assert CHCPolicy(forecaster="oracle", defer_on_demand=True).params()["defer_on_demand"] is True
+    narrowed = CHCPolicy(forecaster="oracle", lead=1, reveals="drops").params()
+    assert (narrowed["lead"], narrowed["reveals"]) == (1, "drops") and "lead" not in CHCPolicy(forecaster="oracle").params()
 
 
 @pytest.mark.parametrize("window", [4, 24])
@@ -159,6 +161,9 @@ def test_on_demand_still_runs_when_the_job_falls_behind():
         ({"terminal_price": "cheap"}, "terminal_price"),
         ({"terminal_price": -1.0}, "terminal_price"),
         ({"forecaster": "persistence", "error": 0.1}, "oracle"),
+        ({"forecaster": "persistence", "lead": 1}, "oracle"),
+        ({"forecaster": "persistence", "reveals": "drops"}, "oracle"),
+        ({"forecaster": "oracle", "lead": -1}, "lead"),
         ({"early_preference": -0.001}, "early_preference"),
         ({"early_preference": 0.5}, "early_preference"),
         ({"early_preference": True}, "early_preference"),

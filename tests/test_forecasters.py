@@ -117,3 +117,40 @@ def test_oracle_refuses_to_answer_before_reveal_or_off_the_revealed_market():
         oracle.forecast(make_market([[1.0]] * 6, [[1]] * 6), 2)
     with pytest.raises(ValueError, match="error must be >= 0"):
         OracleForecaster(error=-0.1)
+
+
+def test_an_oracle_with_a_lead_sees_that_far_and_holds_the_last_slot_it_saw():
+    oracle = OracleForecaster(lead=2)
+    oracle.reveal(MARKET)
+    forecast = oracle.forecast(MARKET.prefix(4), 4)  # now = slot 3; it sees slots 4, 5 and holds 5
+    np.testing.assert_array_equal(forecast.available, MARKET.available[[4, 5, 5, 5]])
+    np.testing.assert_allclose(forecast.spot_price, MARKET.spot_price[[4, 5, 5, 5]])
+    blind = OracleForecaster(lead=0)
+    blind.reveal(MARKET)
+    persistence = PersistenceForecaster().forecast(MARKET.prefix(4), 4)
+    np.testing.assert_array_equal(blind.forecast(MARKET.prefix(4), 4).available, persistence.available)
+    np.testing.assert_allclose(blind.forecast(MARKET.prefix(4), 4).spot_price, persistence.spot_price)
+
+
+def test_an_oracle_that_reveals_drops_only_keeps_prices_and_rises_as_they_are_now():
+    # now = slot 2, counts [2, 1]; slots 3..6 bring pool 0: 3, 0, 1, 2 and pool 1: 0, 3, 2, 1
+    oracle = OracleForecaster(reveals="drops")
+    oracle.reveal(MARKET)
+    forecast = oracle.forecast(MARKET.prefix(3), 4)
+    np.testing.assert_array_equal(forecast.available, [[2, 0], [0, 1], [1, 1], [2, 1]])
+    np.testing.assert_allclose(forecast.spot_price, [[1.2, 12.0]] * 4)
+    counts_only = OracleForecaster(reveals="available")
+    counts_only.reveal(MARKET)
+    np.testing.assert_array_equal(counts_only.forecast(MARKET.prefix(3), 4).available, MARKET.available[3:7])
+    np.testing.assert_allclose(counts_only.forecast(MARKET.prefix(3), 4).spot_price, [[1.2, 12.0]] * 4)
+
+
+@pytest.mark.parametrize("params, field", [({"lead": -1}, "lead"), ({"lead": 1.5}, "lead"), ({"reveals": "prices"}, "reveals")])
+def test_an_oracle_refuses_a_lead_or_a_part_it_cannot_reveal(params, field):
+    with pytest.raises(ValueError, match=field):
+        OracleForecaster(**params)
+
+
+def test_the_oracle_names_its_narrowing_only_when_it_narrows():
+    assert OracleForecaster().params() == {"error": 0.0, "seed": 0}
+    assert OracleForecaster(lead=1, reveals="drops").params() == {"error": 0.0, "seed": 0, "lead": 1, "reveals": "drops"}

@@ -6,33 +6,55 @@ relative spread is ``error``, available counts by Gaussian noise of ``error`` ti
 largest count, rounded and clipped to [0, that count]. ``error=0`` is the perfect forecast.
 The noise is a function of ``seed`` and the forecast's first slot alone, so a run repeats
 exactly. Slots after the revealed market repeat its last slot.
+
+Two options narrow what it knows, to measure which part of the future pays: ``lead`` (it sees
+that many slots ahead and holds the last of them beyond; 0 is persistence) and ``reveals``
+("all"; "available", the counts only, prices by persistence; "drops", a count only where it
+falls below the current one, prices and rises by persistence). On the shipped traces, knowing
+drops one slot ahead is most of what separates CHC on persistence from CHC on the realised
+market (docs/evaluation.md, "What knowing a drop ahead is worth").
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
 from airflow_provider_spotsched.market.slots import SlotMarket
 
+REVEALS = ("all", "available", "drops")
+Reveals = Literal["all", "available", "drops"]
+
 
 class OracleForecaster(Forecaster):
-    """The true future, revealed up front, plus noise of relative size ``error``."""
+    """The true future, revealed up front, plus noise of relative size ``error``; ``lead`` and
+    ``reveals`` limit how far ahead it sees and which part of the future."""
 
     name = "oracle"
     uses_future = True
 
-    def __init__(self, error: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, error: float = 0.0, seed: int = 0, lead: int | None = None, reveals: Reveals = "all") -> None:
         if not error >= 0:
             raise ValueError(f"error must be >= 0 (relative forecast error), got {error}")
+        if lead is not None and (isinstance(lead, bool) or not isinstance(lead, (int, np.integer)) or lead < 0):
+            raise ValueError(f"lead must be an integer >= 0 (slots the oracle sees ahead) or null (all of them), got {lead!r}")
+        if reveals not in REVEALS:
+            raise ValueError(f"reveals must be one of {REVEALS} (which part of the future the oracle knows), got {reveals!r}")
         self.error = float(error)
         self.seed = int(seed)
+        self.lead = None if lead is None else int(lead)
+        self.reveals = reveals
         self._market: SlotMarket | None = None
 
     def params(self) -> dict[str, Any]:
-        return {"error": self.error, "seed": self.seed}
+        params: dict[str, Any] = {"error": self.error, "seed": self.seed}
+        if self.lead is not None:
+            params["lead"] = self.lead
+        if self.reveals != "all":
+            params["reveals"] = self.reveals
+        return params
 
     def reveal(self, market: SlotMarket) -> None:
         """Store the job's realised market; its slot 0 is the job's submission slot."""
@@ -63,4 +85,24 @@ class OracleForecaster(Forecaster):
         price = price * np.exp(sigma * rng.standard_normal(price.shape) - sigma**2 / 2)
         top = market.available.max(axis=0).astype(float)
         available = np.clip(np.rint(available + self.error * top * rng.standard_normal(available.shape)), 0, top)
-        return Forecast(price, available)
+        return self._narrowed(past, price, available)
+
+    def _narrowed(self, past: SlotMarket, price: np.ndarray, available: np.ndarray) -> Forecast:
+        """The part of the future that ``lead`` and ``reveals`` allow; persistence for the rest."""
+        now_price = np.broadcast_to(past.spot_price[-1].astype(float), price.shape)
+        now_available = np.broadcast_to(past.available[-1].astype(float), available.shape)
+        if self.lead is not None:
+            price, available = _held(price, self.lead, now_price), _held(available, self.lead, now_available)
+        if self.reveals != "all":
+            price = now_price
+        if self.reveals == "drops":
+            available = np.minimum(available, now_available)
+        return Forecast(np.array(price, dtype=float), np.array(available, dtype=float))
+
+
+def _held(rows: np.ndarray, lead: int, now: np.ndarray) -> np.ndarray:
+    """``rows`` up to ``lead``, then the last of them held (``now`` throughout for lead 0)."""
+    if lead == 0:
+        return now
+    kept = rows[:lead]
+    return np.concatenate([kept, np.broadcast_to(kept[-1], (rows.shape[0] - kept.shape[0], *rows.shape[1:]))])

@@ -76,6 +76,8 @@ class CHCPolicy(Policy):
         forecaster: str = "seasonal-naive",
         error: float = 0.0,
         seed: int = 0,
+        lead: int | None = None,
+        reveals: str = "all",
         terminal_price: str | float = "marginal",
         uncertainty: str = "none",
         level: float | None = None,
@@ -99,9 +101,9 @@ class CHCPolicy(Policy):
                 f"terminal_price must be one of {TERMINAL_PRICES} or a number >= 0 (USD per work unit), "
                 f"got {terminal_price!r}"
             )
-        if forecaster != "oracle" and (error or seed):
+        if forecaster != "oracle" and (error or seed or lead is not None or reveals != "all"):
             raise ValueError(
-                f"error and seed apply to the oracle forecaster only; drop them for forecaster={forecaster!r}"
+                f"error, seed, lead and reveals apply to the oracle forecaster only; drop them for forecaster={forecaster!r}"
             )
         if uncertainty not in UNCERTAINTY:
             raise ValueError(
@@ -125,7 +127,7 @@ class CHCPolicy(Policy):
             raise ValueError(
                 f"defer_on_demand must be true, false or null (true unless the forecaster is the oracle), got {defer_on_demand!r}"
             )
-        params = {"error": error, "seed": seed} if forecaster == "oracle" else {}
+        params = {"error": error, "seed": seed, "lead": lead, "reveals": reveals} if forecaster == "oracle" else {}
         self.early_preference = float(early_preference)
         self.uncertainty, self.level = uncertainty, level
         self.window, self.commit = int(window), int(commit)
