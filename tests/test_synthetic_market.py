@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from airflow_provider_spotsched.cli import main
-from airflow_provider_spotsched.market.drops import drop_after_drop, drop_rates
+from airflow_provider_spotsched.market.drops import DROP_FEATURES, FEATURE_HISTORY, drop_after_drop, drop_cases, drop_rates
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate, write_trace
 from airflow_provider_spotsched.market.trace import load_trace
@@ -97,3 +97,22 @@ def test_drop_statistics_counted_by_hand():
     # From slot 1 on (a one-slot look back): slot 1 follows a fall and holds, slot 2 follows none
     # and falls, slot 4 follows none and falls, slot 5 follows a fall and holds.
     assert drop_after_drop(available, lookback=1) == (0.0, 1.0)
+
+
+def test_drop_cases_counted_by_hand():
+    # Two pools at 2 instances for 27 slots, but pool 0 falls into slot 23 (1) and 25 (0), and
+    # pool 1 into slot 26 (1). Cases from slot 24: pool 0 and 1 in slot 24, pool 1 in slot 25
+    # (pool 0 offers nothing there).
+    available = np.full((27, 2), 2)
+    available[23:25, 0], available[25:, 0], available[26, 1] = 1, 0, 1
+    features, dropped = drop_cases(available)
+    assert FEATURE_HISTORY == 24 and features.shape == (3, len(DROP_FEATURES))
+    np.testing.assert_array_equal(
+        features,
+        [
+            [1, 1, 0, 1, 0],  # pool 0, slot 24: fell one slot ago, once in 24 slots, no rise
+            [0, 0, 0, 24, 0],  # pool 1, slot 24: never changed, the other pool did not fall into 24
+            [0, 0, 0, 24, 1],  # pool 1, slot 25: the other pool fell into this slot
+        ],
+    )
+    np.testing.assert_array_equal(dropped, [True, False, True])

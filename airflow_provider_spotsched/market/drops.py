@@ -40,3 +40,39 @@ def drop_after_drop(available: np.ndarray, lookback: int = BURST_LOOKBACK) -> tu
     cases = counts[:-1] > 0
     cases[:lookback] = False
     return float(fell[cases & recent].mean()), float(fell[cases & ~recent].mean())
+
+
+DROP_FEATURES = (
+    "dropped in the last 3 slots",
+    "drops in the last 24 slots",
+    "rises in the last 24 slots",
+    "slots since the count changed (at most 24)",
+    "share of the other pools that dropped this slot",
+)
+"""What :func:`drop_cases` tells about a pool offering capacity in a slot, from the past alone."""
+FEATURE_HISTORY = 24
+"""Slots of history each case looks back on (the first cases start there)."""
+
+
+def drop_cases(available: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every slot ``t`` (from :data:`FEATURE_HISTORY` on, before the last) in which a pool offers
+    capacity, as features ``[cases, DROP_FEATURES]`` from slots up to ``t`` and whether the pool's
+    count is lower at ``t + 1``; cases in slot order, pools in order within a slot."""
+    counts = np.asarray(available, dtype=float)
+    num_slots, num_pools = counts.shape
+    change = np.vstack([np.zeros((1, num_pools)), np.diff(counts, axis=0)])  # change[t]: from t - 1 to t
+    dropped, rose = change < 0, change > 0
+    features, labels = [], []
+    for t in range(FEATURE_HISTORY, num_slots - 1):
+        window = slice(t - FEATURE_HISTORY + 1, t + 1)
+        changed = np.nonzero(dropped[window] | rose[window])
+        since = np.full(num_pools, float(FEATURE_HISTORY))
+        for slot, pool in zip(*changed):
+            since[pool] = min(since[pool], FEATURE_HISTORY - 1 - slot)
+        others = (dropped[t].sum() - dropped[t]) / max(num_pools - 1, 1)
+        for pool in np.nonzero(counts[t] > 0)[0]:
+            features.append(
+                [dropped[t - 2 : t + 1, pool].any(), dropped[window, pool].sum(), rose[window, pool].sum(), since[pool], others[pool]]
+            )
+            labels.append(counts[t + 1, pool] < counts[t, pool])
+    return np.array(features, dtype=float).reshape(-1, len(DROP_FEATURES)), np.array(labels, dtype=bool)
