@@ -74,6 +74,24 @@ def test_flapping_lowers_counts_in_bursts_and_leaves_the_rest_of_the_seed_alone(
     assert memoryless[0] < memoryless[1]
 
 
+def test_crunches_spread_from_pool_to_pool_and_leave_the_rest_of_the_seed_alone():
+    plain = generate(SyntheticMarketConfig(seed=8, days=14))
+    crunched = generate(SyntheticMarketConfig(seed=8, days=14, crunches_per_day=4.0))
+    np.testing.assert_array_equal(crunched.spot_price, plain.spot_price)
+    assert crunched.collapses == plain.collapses
+    assert (crunched.available <= plain.available).all() and (crunched.available < plain.available).any()
+
+    def warned(available):  # P(a pool drops next hour | another dropped this hour), P(... | none did)
+        features, dropped = drop_cases(available[::6])  # hourly
+        others = features[:, DROP_FEATURES.index("share of the other pools that dropped this slot")] > 0
+        return dropped[others].mean(), dropped[~others].mean()
+
+    after_other, after_none = warned(crunched.available)
+    assert after_other > 1.5 * after_none  # one pool's drop warns of another's
+    after_other, after_none = warned(plain.available)
+    assert after_other < 1.2 * after_none  # shocks and collapses hit every pool in the same hour
+
+
 def test_settings_out_of_range_are_refused_by_name():
     with pytest.raises(ValueError, match=r"\['pools', 'diurnal_amplitude'\]"):
         SyntheticMarketConfig(pools=0, diurnal_amplitude=1.5)
@@ -86,6 +104,7 @@ def test_spotsched_synth_writes_a_trace_file_and_refuses_bad_settings(tmp_path, 
     assert sorted(load_trace(out).pools) == ["syn-a", "syn-b", "syn-c"]
     assert main(["synth", "--out", str(out), "--pools", "40"]) == 2
     assert main(["synth", "--out", str(out), "--flap-episodes-per-day", "-1"]) == 2
+    assert main(["synth", "--out", str(out), "--crunches-per-day", "-1"]) == 2
 
 
 def test_drop_statistics_counted_by_hand():

@@ -15,7 +15,12 @@ scheduler must survive, each on or off:
   hour at a time and comes back, so that one drop makes the next likely, as in the shipped
   traces (there a drop follows one in the last three hours with about 2-3 times the chance it
   has otherwise, :func:`~airflow_provider_spotsched.market.drops.drop_after_drop`); the regimes
-  alone make drops independent of the last ones.
+  alone make drops independent of the last ones;
+- **spreading crunches** (off by default): waves of capacity loss that start in one pool and
+  reach each other pool an hour or more later, so a drop in one pool warns of drops in the
+  others, as in the shipped traces (there another pool's drop in the same hour is the strongest
+  sign of a pool's drop in the next, ``scripts/drop_predictability.py``); the market-wide shocks
+  and collapses hit every pool in the same hour, so they give no such warning.
 
 ``capacity`` is the count a pool offers in its plenty regime; ticks are ``tick_minutes`` apart.
 The same seed and settings always give the same file (numpy's PCG64 from ``seed``).
@@ -33,6 +38,7 @@ import numpy as np
 
 PLENTY, SCARCE, NONE = 0, 1, 2
 FLAP_STREAM = 1  # the flapping episodes' random stream, apart from the seed's main one
+CRUNCH_STREAM = 2  # the spreading crunches' random stream
 REGIME_SHARE = {PLENTY: 1.0, SCARCE: 0.25, NONE: 0.0}
 """The share of a pool's capacity each regime offers (scarce: a quarter, rounded down, at least 1)."""
 
@@ -58,6 +64,10 @@ class SyntheticMarketConfig:
         own random stream, so the rest of a seed's market is the same with or without them.
     :param flap_hours: (shortest, longest) length of an episode, hours; in each of its hours the
         pool keeps a uniform random share of its count with probability 1/2.
+    :param crunches_per_day: spreading crunches per day (0: none), from their own random stream.
+        A crunch hits one pool, then in each of the next ``crunch_hours`` hours each pool not yet
+        hit with probability ``crunch_spread``; a hit pool keeps a uniform random share of at
+        most half its count for ``crunch_hit_hours`` (shortest, longest) hours.
     :param start: the first tick (UTC).
     """
 
@@ -76,6 +86,10 @@ class SyntheticMarketConfig:
     collapse_hours: tuple[float, float] = (3.0, 12.0)
     flap_episodes_per_day: float = 0.0
     flap_hours: tuple[float, float] = (3.0, 12.0)
+    crunches_per_day: float = 0.0
+    crunch_hours: int = 6
+    crunch_spread: float = 0.5
+    crunch_hit_hours: tuple[float, float] = (1.0, 6.0)
     start: datetime = datetime(2026, 1, 5, tzinfo=timezone.utc)
 
     def __post_init__(self) -> None:
@@ -93,6 +107,10 @@ class SyntheticMarketConfig:
             "collapse_hours": 0 < self.collapse_hours[0] <= self.collapse_hours[1],
             "flap_episodes_per_day": self.flap_episodes_per_day >= 0,
             "flap_hours": 0 < self.flap_hours[0] <= self.flap_hours[1],
+            "crunches_per_day": self.crunches_per_day >= 0,
+            "crunch_hours": self.crunch_hours >= 1,
+            "crunch_spread": 0 <= self.crunch_spread <= 1,
+            "crunch_hit_hours": 0 < self.crunch_hit_hours[0] <= self.crunch_hit_hours[1],
         }
         wrong = [name for name, ok in checks.items() if not ok]
         if wrong:
@@ -129,6 +147,8 @@ def generate(config: SyntheticMarketConfig) -> SyntheticMarket:
     available[(regime == SCARCE) & (available < 1)] = 1
     if config.flap_episodes_per_day > 0:
         _flap(config, available, per_hour)
+    if config.crunches_per_day > 0:
+        _crunch(config, available, per_hour)
     collapses = _collapses(config, rng, ticks, per_hour)
     for first, end in collapses:
         available[first:end, :] = 0
@@ -195,6 +215,24 @@ def _flap(config: SyntheticMarketConfig, available: np.ndarray, per_hour: float)
                 if rng.random() < 0.5:
                     block = available[start : min(start + hour, end), m]
                     block[:] = np.floor(block * rng.uniform(0.0, 1.0)).astype(int)
+
+
+def _crunch(config: SyntheticMarketConfig, available: np.ndarray, per_hour: float) -> None:
+    """Lower ``available`` in place in spreading crunches: a Poisson number, each starting on a
+    whole hour in a random pool and spreading to the others hour by hour."""
+    rng = np.random.default_rng([config.seed, CRUNCH_STREAM])
+    ticks, hour = available.shape[0], max(int(round(per_hour)), 1)
+    for _ in range(rng.poisson(config.crunches_per_day * config.days)):
+        first = int(rng.integers(0, max(ticks // hour, 1))) * hour
+        hit_at = {int(rng.integers(0, config.pools)): first}
+        for step in range(1, config.crunch_hours + 1):
+            for m in range(config.pools):
+                if m not in hit_at and rng.random() < config.crunch_spread:
+                    hit_at[m] = first + step * hour
+        for m, start in sorted(hit_at.items()):
+            end = min(start + max(int(rng.uniform(*config.crunch_hit_hours) * per_hour), 1), ticks)
+            block = available[start:end, m]
+            block[:] = np.floor(block * rng.uniform(0.0, 0.5)).astype(int)
 
 
 def _collapses(config: SyntheticMarketConfig, rng: np.random.Generator, ticks: int, per_hour: float) -> list[tuple[int, int]]:
