@@ -43,7 +43,7 @@ def drop_after_drop(available: np.ndarray, lookback: int = BURST_LOOKBACK) -> tu
 
 
 DROP_FEATURES = (
-    "dropped in the last 3 slots",
+    f"dropped in the last {BURST_LOOKBACK} slots",
     "drops in the last 24 slots",
     "rises in the last 24 slots",
     "slots since the count changed (at most 24)",
@@ -60,8 +60,9 @@ def drop_cases(available: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     count is lower at ``t + 1``; cases in slot order, pools in order within a slot."""
     counts = np.asarray(available, dtype=float)
     num_slots, num_pools = counts.shape
-    change = np.vstack([np.zeros((1, num_pools)), np.diff(counts, axis=0)])  # change[t]: from t - 1 to t
-    dropped, rose = change < 0, change > 0
+    # dropped[t], rose[t]: the count fell, rose, from slot t - 1 to slot t
+    dropped = np.vstack([np.zeros((1, num_pools), dtype=bool), falls(counts)])
+    rose = np.vstack([np.zeros((1, num_pools), dtype=bool), falls(-counts)])
     features, labels = [], []
     for t in range(FEATURE_HISTORY, num_slots - 1):
         window = slice(t - FEATURE_HISTORY + 1, t + 1)
@@ -72,7 +73,13 @@ def drop_cases(available: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         others = (dropped[t].sum() - dropped[t]) / max(num_pools - 1, 1)
         for pool in np.nonzero(counts[t] > 0)[0]:
             features.append(
-                [dropped[t - 2 : t + 1, pool].any(), dropped[window, pool].sum(), rose[window, pool].sum(), since[pool], others[pool]]
+                [
+                    dropped[t - BURST_LOOKBACK + 1 : t + 1, pool].any(),
+                    dropped[window, pool].sum(),
+                    rose[window, pool].sum(),
+                    since[pool],
+                    others[pool],
+                ]
             )
             labels.append(counts[t + 1, pool] < counts[t, pool])
     return np.array(features, dtype=float).reshape(-1, len(DROP_FEATURES)), np.array(labels, dtype=bool)
