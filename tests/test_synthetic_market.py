@@ -61,12 +61,17 @@ def test_prices_follow_a_daily_cycle():
     assert day > 0.8 and half < -0.5
 
 
+def assert_only_counts_lowered(changed, plain):
+    """``changed`` is ``plain``'s market with some counts lowered and nothing else touched."""
+    np.testing.assert_array_equal(changed.spot_price, plain.spot_price)
+    assert changed.collapses == plain.collapses
+    assert (changed.available <= plain.available).all() and (changed.available < plain.available).any()
+
+
 def test_flapping_lowers_counts_in_bursts_and_leaves_the_rest_of_the_seed_alone():
     plain = generate(SyntheticMarketConfig(seed=8, days=14))
     flapping = generate(SyntheticMarketConfig(seed=8, days=14, flap_episodes_per_day=1.0))
-    np.testing.assert_array_equal(flapping.spot_price, plain.spot_price)
-    assert flapping.collapses == plain.collapses
-    assert (flapping.available <= plain.available).all() and (flapping.available < plain.available).any()
+    assert_only_counts_lowered(flapping, plain)
 
     bursty = drop_after_drop(flapping.available[::6])  # hourly, as in the shipped traces' check
     assert bursty[0] > 1.3 * bursty[1]
@@ -77,9 +82,7 @@ def test_flapping_lowers_counts_in_bursts_and_leaves_the_rest_of_the_seed_alone(
 def test_crunches_spread_from_pool_to_pool_and_leave_the_rest_of_the_seed_alone():
     plain = generate(SyntheticMarketConfig(seed=8, days=14))
     crunched = generate(SyntheticMarketConfig(seed=8, days=14, crunches_per_day=4.0))
-    np.testing.assert_array_equal(crunched.spot_price, plain.spot_price)
-    assert crunched.collapses == plain.collapses
-    assert (crunched.available <= plain.available).all() and (crunched.available < plain.available).any()
+    assert_only_counts_lowered(crunched, plain)
 
     def warned(available):  # P(a pool drops next hour | another dropped this hour), P(... | none did)
         features, dropped = drop_cases(available[::6])  # hourly

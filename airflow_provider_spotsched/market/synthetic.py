@@ -213,8 +213,7 @@ def _flap(config: SyntheticMarketConfig, available: np.ndarray, per_hour: float)
             end = min(first + max(int(rng.uniform(*config.flap_hours) * per_hour), 1), ticks)
             for start in range(first, end, hour):
                 if rng.random() < 0.5:
-                    block = available[start : min(start + hour, end), m]
-                    block[:] = np.floor(block * rng.uniform(0.0, 1.0)).astype(int)
+                    _keep_share(available[start : min(start + hour, end), m], rng.uniform(0.0, 1.0))
 
 
 def _crunch(config: SyntheticMarketConfig, available: np.ndarray, per_hour: float) -> None:
@@ -231,8 +230,12 @@ def _crunch(config: SyntheticMarketConfig, available: np.ndarray, per_hour: floa
                     hit_at[m] = first + step * hour
         for m, start in sorted(hit_at.items()):
             end = min(start + max(int(rng.uniform(*config.crunch_hit_hours) * per_hour), 1), ticks)
-            block = available[start:end, m]
-            block[:] = np.floor(block * rng.uniform(0.0, 0.5)).astype(int)
+            _keep_share(available[start:end, m], rng.uniform(0.0, 0.5))
+
+
+def _keep_share(counts: np.ndarray, share: float) -> None:
+    """Lower ``counts`` (a view into the market's counts) in place to ``share`` of each, rounded down."""
+    counts[:] = np.floor(counts * share).astype(int)
 
 
 def _collapses(config: SyntheticMarketConfig, rng: np.random.Generator, ticks: int, per_hour: float) -> list[tuple[int, int]]:
