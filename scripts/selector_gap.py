@@ -1,11 +1,15 @@
 """Where the selector's gap to the optimum is, from an evaluation's results (run with `selector`
 and `optimal`): per trace, its expected excess cost, the best member per kind of job in
-hindsight, and the best member per job in hindsight.
+hindsight, and the best member per job in hindsight; beside them, what playing each job's most
+likely member (the highest weight, no draw) would have paid.
 
 The selector learns one distribution per kind of job, so the best it can approach is the best
 member per kind: the distance from its expected cost to that figure is the selection's part of
 the gap, the rest of the way to the optimum is the members'. The best member per job is what a
-selector with perfect context (beyond the kind) could reach at most. Plain script:
+selector with perfect context (beyond the kind) could reach at most. The most likely member
+shows what the draw's randomness costs or saves: a selector that always played it would have no
+regret bound (a deterministic choice can be led astray round after round), so it is a check on
+the draws, not an alternative. Plain script:
 
     python scripts/selector_gap.py results/eval            # the folder `spotsched evaluate --out` wrote
     python scripts/selector_gap.py results/eval --nmax 1   # the N_max = 1 jobs only
@@ -32,9 +36,9 @@ def main() -> None:
     learning = json.loads((args.results / "results.json").read_text())["selector"]
     if not optimal or not learning:
         raise SystemExit(f"{args.results} holds no optimal runs or no selector learning; evaluate with both policies")
-    print(f"{'trace':<32} {'jobs':>5} {'expected':>9} {'best per kind':>14} {'best per job':>13}")
+    print(f"{'trace':<32} {'jobs':>5} {'expected':>9} {'best per kind':>14} {'best per job':>13} {'most likely':>12}")
     for trace, record in learning.items():
-        expected, best_job = [], []
+        expected, best_job, most_likely = [], [], []
         per_kind: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         for play in record["plays"]:
             if args.nmax and play["n_max"] not in args.nmax:
@@ -42,13 +46,18 @@ def main() -> None:
             reference = optimal[(trace, play["start"], *(str(play[k]) for k in SCENARIO[2:]))]
             cost, utility = float(reference["cost"]), float(reference["utility"])
             excess = {member: (utility - u) / cost for member, u in play["utilities"].items()}
-            expected.append(sum(p * excess[member] for member, p in play["probabilities"].items()))
+            probabilities = play["probabilities"]
+            expected.append(sum(p * excess[member] for member, p in probabilities.items()))
             best_job.append(min(excess.values()))
+            most_likely.append(excess[max(probabilities, key=probabilities.get)])
             for member, value in excess.items():
                 per_kind[play["context"]][member] += value
         n = len(expected)
         best_kind = sum(min(totals.values()) for totals in per_kind.values()) / n
-        print(f"{trace:<32} {n:>5} {100 * sum(expected) / n:>+8.1f}% {100 * best_kind:>+13.1f}% {100 * sum(best_job) / n:>+12.1f}%")
+        print(
+            f"{trace:<32} {n:>5} {100 * sum(expected) / n:>+8.1f}% {100 * best_kind:>+13.1f}% {100 * sum(best_job) / n:>+12.1f}%"
+            f" {100 * sum(most_likely) / n:>+11.1f}%"
+        )
 
 
 if __name__ == "__main__":
