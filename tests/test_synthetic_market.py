@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from airflow_provider_spotsched.cli import main
-from airflow_provider_spotsched.market.drops import DROP_FEATURES, FEATURE_HISTORY, drop_after_drop, drop_cases, drop_rates
+from airflow_provider_spotsched.market.drops import DROP_FEATURES, FEATURE_HISTORY, drop_after_drop, drop_cases, drop_rates, falls_below
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate, write_trace
 from airflow_provider_spotsched.market.trace import load_trace
@@ -119,6 +119,16 @@ def test_drop_statistics_counted_by_hand():
     # From slot 1 on (a one-slot look back): slot 1 follows a fall and holds, slot 2 follows none
     # and falls, slot 4 follows none and falls, slot 5 follows a fall and holds.
     assert drop_after_drop(available, lookback=1) == (0.0, 1.0)
+
+
+def test_falls_below_counts_only_drops_deeper_than_the_room_left():
+    # One pool: 8 -> 6 (a fall of 2), 6 -> 6, 6 -> 1 (5), 1 -> 1.
+    available = np.array([[8], [6], [6], [1], [1]])
+    assert falls_below(available, 0) == pytest.approx(2 / 4)
+    assert falls_below(available, 2) == pytest.approx(1 / 3)  # the 1 is no case: it offers no more than the room
+    assert falls_below(available, 4) == pytest.approx(1 / 3)  # only 6 -> 1 goes deeper than 6 - 4
+    assert falls_below(available, 5) == pytest.approx(0.0)
+    assert np.isnan(falls_below(available, 8))  # no pool ever offers more than 8
 
 
 def test_drop_cases_counted_by_hand():

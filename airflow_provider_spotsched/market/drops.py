@@ -29,6 +29,17 @@ def drop_rates(available: np.ndarray) -> np.ndarray:
         return (falls(available) & offered).sum(axis=0) / offered.sum(axis=0)
 
 
+def falls_below(available: np.ndarray, room: int) -> float:
+    """The chance that a pool offering more than ``room`` instances ends the next slot with fewer
+    than its count less ``room``, pooled over pools: how often a job that leaves ``room`` instances
+    of a pool unused would still be forced to restart there. ``room = 0`` is the plain drop rate;
+    NaN where no pool ever offers more than ``room``."""
+    counts = np.asarray(available, dtype=float)
+    now, after = counts[:-1], counts[1:]
+    cases = now > room
+    return float((after[cases] < now[cases] - room).mean()) if cases.any() else float("nan")
+
+
 def drop_after_drop(available: np.ndarray, lookback: int = BURST_LOOKBACK) -> tuple[float, float]:
     """The chance that a slot offering capacity is followed by a drop, given a drop in the
     ``lookback`` slots before it, and given none; pooled over pools, from ``available`` ``[T, M]``."""
