@@ -95,6 +95,24 @@ def test_crunches_spread_from_pool_to_pool_and_leave_the_rest_of_the_seed_alone(
     assert after_other < 1.2 * after_none  # shocks and collapses hit every pool in the same hour
 
 
+def test_daily_availability_dips_when_the_price_peaks_and_leaves_the_rest_of_the_seed_alone():
+    plain = generate(SyntheticMarketConfig(seed=8, days=14))
+    daily = generate(SyntheticMarketConfig(seed=8, days=14, daily_availability=0.5))
+    assert_only_counts_lowered(daily, plain)
+
+    # Per pool, the hourly counts kept where capacity is plentiful: at the hour of the day its
+    # price peaks about half of them, at the hour it is cheapest all.
+    hourly_price, hourly_plain, hourly_daily = daily.spot_price[::6], plain.available[::6], daily.available[::6]
+    for m in range(daily.config.pools):
+        by_hour = hourly_price[:, m].reshape(-1, 24).mean(axis=0)
+        peak, trough = int(by_hour.argmax()), int(by_hour.argmin())
+        full = hourly_plain[:, m] == daily.config.capacity
+        kept = hourly_daily[:, m][full].astype(float) / daily.config.capacity
+        hour = np.flatnonzero(full) % 24
+        assert kept[hour == peak].mean() == pytest.approx(0.5, abs=0.1)
+        assert kept[hour == trough].mean() == pytest.approx(1.0, abs=0.1)
+
+
 def test_settings_out_of_range_are_refused_by_name():
     with pytest.raises(ValueError, match=r"\['pools', 'diurnal_amplitude'\]"):
         SyntheticMarketConfig(pools=0, diurnal_amplitude=1.5)
@@ -108,6 +126,8 @@ def test_spotsched_synth_writes_a_trace_file_and_refuses_bad_settings(tmp_path, 
     assert main(["synth", "--out", str(out), "--pools", "40"]) == 2
     assert main(["synth", "--out", str(out), "--flap-episodes-per-day", "-1"]) == 2
     assert main(["synth", "--out", str(out), "--crunches-per-day", "-1"]) == 2
+    assert main(["synth", "--out", str(out), "--daily-availability", "1"]) == 2
+    assert "daily_availability" in capsys.readouterr().err
 
 
 def test_drop_statistics_counted_by_hand():

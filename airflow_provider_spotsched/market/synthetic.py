@@ -20,7 +20,12 @@ scheduler must survive, each on or off:
   reach each other pool an hour or more later, so a drop in one pool warns of drops in the
   others, as in the shipped traces (there another pool's drop in the same hour is the strongest
   sign of a pool's drop in the next, ``scripts/drop_predictability.py``); the market-wide shocks
-  and collapses hit every pool in the same hour, so they give no such warning.
+  and collapses hit every pool in the same hour, so they give no such warning;
+- **daily availability** (off by default): each pool offers less in the hours its price peaks
+  (its region's working day, when other users take the capacity), so that yesterday's count at
+  this hour says something about tomorrow's, as in the shipped AWS trace (there "the same as a
+  day ago" is right more often at 12 h than "the same as now"); the regimes alone have no time
+  of day.
 
 ``capacity`` is the count a pool offers in its plenty regime; ticks are ``tick_minutes`` apart.
 The same seed and settings always give the same file (numpy's PCG64 from ``seed``).
@@ -68,6 +73,9 @@ class SyntheticMarketConfig:
         A crunch hits one pool, then in each of the next ``crunch_hours`` hours each pool not yet
         hit with probability ``crunch_spread``; a hit pool keeps a uniform random share of at
         most half its count for ``crunch_hit_hours`` (shortest, longest) hours.
+    :param daily_availability: the share of a pool's count that its busiest hour takes (0: none),
+        on a daily cycle peaking when the pool's price does; deterministic, so the rest of a seed's
+        market is the same with or without it.
     :param start: the first tick (UTC).
     """
 
@@ -90,6 +98,7 @@ class SyntheticMarketConfig:
     crunch_hours: int = 6
     crunch_spread: float = 0.5
     crunch_hit_hours: tuple[float, float] = (1.0, 6.0)
+    daily_availability: float = 0.0
     start: datetime = datetime(2026, 1, 5, tzinfo=timezone.utc)
 
     def __post_init__(self) -> None:
@@ -111,6 +120,7 @@ class SyntheticMarketConfig:
             "crunch_hours": self.crunch_hours >= 1,
             "crunch_spread": 0 <= self.crunch_spread <= 1,
             "crunch_hit_hours": 0 < self.crunch_hit_hours[0] <= self.crunch_hit_hours[1],
+            "daily_availability": 0 <= self.daily_availability < 1,
         }
         wrong = [name for name, ok in checks.items() if not ok]
         if wrong:
@@ -156,7 +166,10 @@ def generate(config: SyntheticMarketConfig) -> SyntheticMarket:
     hours = np.arange(ticks) / per_hour
     mean = config.on_demand_price * config.spot_discount * rng.uniform(0.7, 1.3, pools)
     phase = rng.uniform(0.0, 24.0, pools)
-    cycle = 1.0 + config.diurnal_amplitude * np.sin(2 * math.pi * (hours[:, None] - phase[None, :]) / 24.0)
+    daily = np.sin(2 * math.pi * (hours[:, None] - phase[None, :]) / 24.0)  # 1 at each pool's price peak
+    cycle = 1.0 + config.diurnal_amplitude * daily
+    if config.daily_availability > 0:
+        _keep_share(available, 1.0 - config.daily_availability * (1.0 + daily) / 2.0)
     noise = np.exp(rng.normal(0.0, 0.03, (ticks, pools)))
     scarcity = np.where(regime == PLENTY, 1.0, 1.4)  # a short pool costs more
     spot = np.minimum(mean[None, :] * cycle * noise * scarcity, config.on_demand_price * 0.95)
@@ -233,8 +246,9 @@ def _crunch(config: SyntheticMarketConfig, available: np.ndarray, per_hour: floa
             _keep_share(available[start:end, m], rng.uniform(0.0, 0.5))
 
 
-def _keep_share(counts: np.ndarray, share: float) -> None:
-    """Lower ``counts`` (a view into the market's counts) in place to ``share`` of each, rounded down."""
+def _keep_share(counts: np.ndarray, share: float | np.ndarray) -> None:
+    """Lower ``counts`` (a view into the market's counts) in place to ``share`` of each (one share,
+    or one per count), rounded down."""
     counts[:] = np.floor(counts * share).astype(int)
 
 
