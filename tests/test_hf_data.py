@@ -8,12 +8,15 @@ notice then a resume on the default runtime.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import pytest
+import torch
 from datasets import Dataset
+from safetensors.torch import load_file
 
 from airflow_provider_spotsched.runtime.config import BUILTIN_SFT, ConfigError, TrainConfig
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, EXIT_USAGE, Progress, read_progress
@@ -280,6 +283,27 @@ def test_the_eval_loss_reaches_progress_json_a_rerun_stays_done_and_a_missing_da
     config.write_text(json.dumps({**TINY_HF_JOB, "dataset": str(tmp_path / "missing.jsonl")}))
     assert run_inline(config, tmp_path / "other")[0] == EXIT_USAGE
     assert "missing.jsonl' does not exist" in capsys.readouterr().err
+
+
+def test_a_run_that_ended_between_its_last_checkpoint_and_the_export_exports_it_and_trains_no_more(tmp_path):
+    config, uri = tmp_path / "config.json", tmp_path / "ckpt"
+    config.write_text(json.dumps(TINY_HF_JOB))
+    code, events = run_inline(config, uri)
+    assert code == EXIT_DONE
+    last = [e for e in events if e["event"] == "checkpoint"][-1]
+    assert last["kind"] == "final" and last["step"] == 4
+    saved = load_file(uri / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors")
+    # As if the instance vanished after the last save: no export, progress still "running".
+    shutil.rmtree(uri / "final")
+    (uri / "progress.json").write_text(json.dumps({**json.loads((uri / "progress.json").read_text()), "status": "running"}))
+
+    code, again = run_inline(config, uri)
+    assert code == EXIT_DONE and [e["event"] for e in again] == ["resumed", "done"]  # no step 5 (Trainer.train would)
+    assert again[-1]["step"] == 4 and again[-1]["loss"] == pytest.approx(events[-1]["loss"])
+    exported = load_file(uri / "final" / "adapter_model.safetensors")
+    assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
+    progress = read_progress(str(uri))
+    assert progress.status == "done" and progress.step == 4 and progress.samples_done == 32
 
 
 def test_a_notice_on_the_default_runtime_checkpoints_exits_75_and_the_restart_finishes(tmp_path):

@@ -347,16 +347,19 @@ class SpotCallback(TrainerCallback):
             self.emit("done", step=self.checkpointed_step, loss=read_progress(self.checkpoint_uri).loss,
                       final=self.final_uri)
             return EXIT_DONE
-        while True:
-            try:
-                trainer.train(resume_from_checkpoint=resume)
-            finally:
-                self.close()
-            if self.diverged is None or self.preempted:
-                break
-            resume = self.roll_back(leader)
-        if self.preempted:
-            return EXIT_PREEMPTED
+        if resume is not None and 0 < trainer.args.max_steps <= self.checkpointed_step:
+            self.load_finished(trainer, resume, leader)
+        else:
+            while True:
+                try:
+                    trainer.train(resume_from_checkpoint=resume)
+                finally:
+                    self.close()
+                if self.diverged is None or self.preempted:
+                    break
+                resume = self.roll_back(leader)
+            if self.preempted:
+                return EXIT_PREEMPTED
         if leader:
             trainer.save_model(str(self.root / FINAL))
             if self.mirror is not None:
@@ -364,6 +367,16 @@ class SpotCallback(TrainerCallback):
         self.write_progress(trainer.args, trainer.state, "done")
         self.emit("done", step=trainer.state.global_step, loss=self.loss, final=self.final_uri)
         return EXIT_DONE
+
+    def load_finished(self, trainer: Trainer, checkpoint: str, leader: bool) -> None:
+        """Load the last step's checkpoint into ``trainer`` to export it: the run that saved it ended
+        before its export, and ``Trainer.train`` resumed at ``max_steps`` would train one step more
+        than asked (a step billed, and an adapter off the uninterrupted curve)."""
+        trainer._load_from_checkpoint(checkpoint)  # what train(resume_from_checkpoint=...) loads first
+        trainer.state.max_steps, trainer.state.global_step = trainer.args.max_steps, self.checkpointed_step
+        trainer.state.is_world_process_zero = leader
+        self._global_batch = global_batch(trainer.args)
+        self.loss = read_progress(self.checkpoint_uri).loss
 
     def roll_back(self, leader: bool) -> str:
         """After the guard stopped training: the newest checkpoint (every saved state was judged good) and
