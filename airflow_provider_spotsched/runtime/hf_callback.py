@@ -343,12 +343,14 @@ class SpotCallback(TrainerCallback):
         trainer.add_callback(self)
         leader = trainer.is_world_process_zero()
         resume = self.resume_checkpoint(leader)
-        if resume is not None and self.already_done(trainer.args.max_steps):
+        # the checkpoint of the job's last step, when that is where it resumes: nothing is left to train
+        finished = resume if resume is not None and 0 < trainer.args.max_steps <= self.checkpointed_step else None
+        if finished is not None and self.exported_and_done():
             self.emit("done", step=self.checkpointed_step, loss=read_progress(self.checkpoint_uri).loss,
                       final=self.final_uri)
             return EXIT_DONE
-        if resume is not None and 0 < trainer.args.max_steps <= self.checkpointed_step:
-            self.load_finished(trainer, resume, leader)
+        if finished is not None:
+            self.load_finished(trainer, finished, leader)
         else:
             while True:
                 try:
@@ -398,12 +400,11 @@ class SpotCallback(TrainerCallback):
         """Where the finished adapter is: ``URI/final``."""
         return f"{self.checkpoint_uri}/{FINAL}" if self.mirror is not None else str(self.root / FINAL)
 
-    def already_done(self, max_steps: int) -> bool:
-        """Whether a finished job was started again (its last step checkpointed, the model exported, progress
-        done): ``Trainer.train`` resumed at ``max_steps`` would train one step more, so it is not called."""
+    def exported_and_done(self) -> bool:
+        """Whether a job whose last step is checkpointed also got as far as its export and its progress
+        ``done``: started again, it has nothing left to do."""
         exported = self.mirror.has(self.root / FINAL) if self.mirror is not None else (self.root / FINAL).is_dir()
-        return (0 < max_steps <= self.checkpointed_step and exported
-                and read_progress(self.checkpoint_uri).status == "done")
+        return exported and read_progress(self.checkpoint_uri).status == "done"
 
 
 def distributed() -> bool:
