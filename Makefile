@@ -76,7 +76,7 @@ evaluate: $(INSTALLED)
 # its forecast error at the same jobs (docs/evaluation/forecasters/summary.md).
 evaluate-forecasters: $(INSTALLED)
 	$(BIN)/spotsched evaluate --out docs/evaluation/forecasters --policies optimal uniform-progress \
-		chc-persistence chc-seasonal-naive chc-arima chc-holt-winters chc-markov-count chc-auto-unguarded
+		chc-persistence chc-seasonal-naive chc-arima chc-holt-winters chc-markov-count chc-sojourn-chain chc-auto-unguarded
 
 # The default grid on seeded synthetic markets no policy was tuned on (docs/evaluation.md).
 EVAL_SYNTH_SEEDS ?= 301 302 303

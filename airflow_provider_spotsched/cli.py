@@ -177,7 +177,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-BACKTEST_MODELS = ("auto", "arima", "holt-winters", "markov-count", "seasonal-naive", "persistence")
+BACKTEST_MODELS = ("auto", "arima", "holt-winters", "markov-count", "sojourn-chain", "seasonal-naive", "persistence")
 
 
 def cmd_forecast(args: argparse.Namespace) -> int:

@@ -32,12 +32,13 @@ from airflow_provider_spotsched.forecast.series import (
 from airflow_provider_spotsched.forecast.snapshot import market_at
 from tests.markets import make_market
 
-NAMES = ["arima", "holt-winters", "markov-count", "auto"]
+NAMES = ["arima", "holt-winters", "markov-count", "sojourn-chain", "auto"]
 SEASON = 6  # a short "day" keeps the seasonal fits small and the tests fast
 PARAMS = {
     "arima": {"season_slots": SEASON},
     "holt-winters": {"season_slots": SEASON},
     "markov-count": {},
+    "sojourn-chain": {},
     "auto": {"season_slots": SEASON, "backtest_horizon": SEASON},
 }
 SLOTS = 96

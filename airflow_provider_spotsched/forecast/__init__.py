@@ -15,6 +15,7 @@ FORECASTERS: dict[str, str] = {
     "arima": "airflow_provider_spotsched.forecast.arima:ArimaForecaster",
     "holt-winters": "airflow_provider_spotsched.forecast.exponential_smoothing:HoltWintersForecaster",
     "markov-count": "airflow_provider_spotsched.forecast.markov_count:MarkovCountForecaster",
+    "sojourn-chain": "airflow_provider_spotsched.forecast.sojourn_chain:SojournChainForecaster",
     "auto": "airflow_provider_spotsched.forecast.auto:AutoForecaster",
 }
 

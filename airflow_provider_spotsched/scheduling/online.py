@@ -214,7 +214,7 @@ class OnlineRun:
         if getattr(make_forecaster(config.forecaster), "uses_future", False):
             raise JobError(
                 f"forecaster={config.forecaster!r}: needs the future market, a reference for simulations; "
-                "choose auto, persistence, seasonal-naive, arima, holt-winters or markov-count"
+                "choose auto, persistence, seasonal-naive, arima, holt-winters, markov-count or sojourn-chain"
             )
         missing = [p for p in config.pools if p not in history.pools]
         if missing:

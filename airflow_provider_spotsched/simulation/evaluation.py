@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from airflow_provider_spotsched.scheduling.selector import Round
 
 ORACLE_ERRORS = (0.0, 0.1, 0.25, 0.5)
-CHC_FORECASTERS = ("persistence", "seasonal-naive", "arima", "holt-winters", "markov-count", "auto")
+CHC_FORECASTERS = ("persistence", "seasonal-naive", "arima", "holt-winters", "markov-count", "sojourn-chain", "auto")
 """The real forecasters CHC runs on in the evaluation: what each buys is judged by CHC's cost."""
 ROBUST_LEVEL = 0.75  # chc-auto-robust plans on spot available with at least this probability
 CHC_COMMIT = 1
