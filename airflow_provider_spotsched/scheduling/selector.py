@@ -52,13 +52,14 @@ GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 # The two axes along which the paper builds its pool. CHC spans the commitment level (re-plan
 # every slot, or commit to 4 of 24); the prediction-free policy spans its price threshold, its
 # safety margin and how far above the cheapest offer it runs ahead of need. CHC members dominate
-# the cost of a full-information round (one replay each), so there are two. Every member but UP
+# the cost of a full-information round (one replay each), so there are two; they plan on the
+# sojourn chain's availability chances, which paid over persistence's (docs/selector.md). Every member but UP
 # runs under the cost guard (scheduling/guard.py): whichever the learner draws, no job costs much
 # more than UP would have paid. A stored state keeps the pool it was made with, so states saved
 # before the guard load and run unguarded.
 DEFAULT_POOL: tuple[dict[str, Any], ...] = (
-    {"policy": "chc", "params": {"window": 24, "commit": 1, "forecaster": "persistence", "guard": DEFAULT_GUARD}},
-    {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "persistence", "guard": DEFAULT_GUARD}},
+    {"policy": "chc", "params": {"window": 24, "commit": 1, "forecaster": "sojourn-chain", "guard": DEFAULT_GUARD}},
+    {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "sojourn-chain", "guard": DEFAULT_GUARD}},
     {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "guard": DEFAULT_GUARD}},
     {
         "policy": "prediction-free",
