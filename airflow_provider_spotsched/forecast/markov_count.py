@@ -32,14 +32,13 @@ from typing import Any
 import numpy as np
 
 from airflow_provider_spotsched.forecast.series import (
-    LOWER_Q,
-    UPPER_Q,
     Candidate,
     Fit,
     FitError,
     FittedSeries,
     SeriesForecast,
     SeriesForecaster,
+    median_forecast,
     persistence_candidate,
 )
 
@@ -79,9 +78,7 @@ class MarkovCount(FittedSeries):
         for step in range(horizon):
             current = current @ matrix
             distribution[step] = current
-        cdf = np.cumsum(distribution, axis=1)
-        lower, median, upper = (np.argmax(cdf >= q - 1e-12, axis=1).astype(float) for q in (LOWER_Q, 0.5, UPPER_Q))
-        return SeriesForecast(median, lower, upper, distribution)
+        return median_forecast(distribution)
 
 
 def check_smoothing(smoothing: Any) -> float:

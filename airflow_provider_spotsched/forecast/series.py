@@ -294,6 +294,15 @@ def seasonal_naive_fit(season: int, counts: bool = False) -> Fit:
     return lambda y: LaggedCopy("seasonal-naive", y, season, counts)
 
 
+def median_forecast(distribution: np.ndarray) -> SeriesForecast:
+    """A count model's forecast from its distribution ``[lead, count]``: the median as the point
+    (it minimises the expected absolute error and stays on a count the pool takes, where a
+    bimodal mean would not), the 10% and 90% quantiles as the 80% interval."""
+    cdf = np.cumsum(distribution, axis=1)
+    lower, median, upper = (np.argmax(cdf >= q - 1e-12, axis=1).astype(float) for q in (LOWER_Q, 0.5, UPPER_Q))
+    return SeriesForecast(median, lower, upper, distribution)
+
+
 def count_distribution(mean: np.ndarray, lower: np.ndarray, upper: np.ndarray, top: int) -> np.ndarray:
     """``[h, top + 1]``: a normal with the forecast's mean and 80% interval, discretised on 0..top.
 

@@ -38,14 +38,13 @@ import numpy as np
 
 from airflow_provider_spotsched.forecast.markov_count import check_smoothing
 from airflow_provider_spotsched.forecast.series import (
-    LOWER_Q,
-    UPPER_Q,
     Candidate,
     Fit,
     FitError,
     FittedSeries,
     SeriesForecast,
     SeriesForecaster,
+    median_forecast,
     persistence_candidate,
 )
 
@@ -112,9 +111,7 @@ class SojournChain(FittedSeries):
             state[:, -1] += stays[:, -1]
             state[:, 0] += leaves @ self.destination + leaves * stuck
             distribution[step] = state.sum(axis=1)
-        cdf = np.cumsum(distribution, axis=1)
-        lower, median, upper = (np.argmax(cdf >= q - 1e-12, axis=1).astype(float) for q in (LOWER_Q, 0.5, UPPER_Q))
-        return SeriesForecast(median, lower, upper, distribution)
+        return median_forecast(distribution)
 
 
 def check_prior(prior: Any) -> float:
