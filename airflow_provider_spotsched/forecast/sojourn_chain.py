@@ -62,6 +62,7 @@ def ages(y: np.ndarray) -> np.ndarray:
 
 
 def age_bucket(age: np.ndarray) -> np.ndarray:
+    """The index in ``AGE_EDGES`` of each age's bucket."""
     return np.searchsorted(AGE_EDGES, np.minimum(age, OLDEST), side="right") - 1
 
 
