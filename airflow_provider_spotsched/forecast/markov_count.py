@@ -38,9 +38,12 @@ from airflow_provider_spotsched.forecast.series import (
     FittedSeries,
     SeriesForecast,
     SeriesForecaster,
+    check_positive,
     median_forecast,
     persistence_candidate,
 )
+
+SMOOTHING_MEANING = "pseudo-moves per transition-matrix row"
 
 
 class MarkovCount(FittedSeries):
@@ -81,12 +84,6 @@ class MarkovCount(FittedSeries):
         return median_forecast(distribution)
 
 
-def check_smoothing(smoothing: Any) -> float:
-    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not smoothing > 0:
-        raise ValueError(f"smoothing must be a number > 0 (pseudo-moves per transition-matrix row), got {smoothing!r}")
-    return float(smoothing)
-
-
 def markov_count_fit(smoothing: float = 0.1) -> Fit:
     """A fit of the chain with ``smoothing`` pseudo-moves per row."""
     return lambda y: MarkovCount(y, smoothing)
@@ -99,7 +96,7 @@ class MarkovCountForecaster(SeriesForecaster):
 
     def __init__(self, smoothing: float = 0.1, refit_every: int = 24) -> None:
         super().__init__(refit_every)
-        self.smoothing = check_smoothing(smoothing)
+        self.smoothing = check_positive("smoothing", smoothing, SMOOTHING_MEANING)
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "smoothing": self.smoothing}

@@ -156,6 +156,13 @@ def check_history(past: SlotMarket) -> None:
             )
 
 
+def check_positive(name: str, value: Any, meaning: str) -> float:
+    """``value`` as a float if it is a number > 0, else a clear error."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0 ({meaning}), got {value!r}")
+    return float(value)
+
+
 def check_int(name: str, value: Any, minimum: int, meaning: str) -> int:
     """``value`` as an int if it is a whole number >= ``minimum``, else a clear error."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:

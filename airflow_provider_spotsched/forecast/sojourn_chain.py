@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from airflow_provider_spotsched.forecast.markov_count import check_smoothing
+from airflow_provider_spotsched.forecast.markov_count import SMOOTHING_MEANING
 from airflow_provider_spotsched.forecast.series import (
     Candidate,
     Fit,
@@ -44,6 +44,7 @@ from airflow_provider_spotsched.forecast.series import (
     FittedSeries,
     SeriesForecast,
     SeriesForecaster,
+    check_positive,
     median_forecast,
     persistence_candidate,
 )
@@ -92,7 +93,7 @@ class SojournChain(FittedSeries):
         moves = np.zeros((counts, counts))
         np.add.at(moves, (start[moved], y[1:][moved]), 1.0)
         self.destination = (moves + smoothing * spread) / (moves.sum(axis=1, keepdims=True) + smoothing)
-        self.smoothing, self.prior, self.history = smoothing, prior, history
+        self.smoothing, self.prior = smoothing, prior
         self.last, self.last_age = int(y[-1]), int(min(age[-1], OLDEST))
 
     def update(self, history: np.ndarray) -> SojournChain:
@@ -115,12 +116,6 @@ class SojournChain(FittedSeries):
         return median_forecast(distribution)
 
 
-def check_prior(prior: Any) -> float:
-    if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0:
-        raise ValueError(f"prior must be a number > 0 (pseudo-slots shrinking each hazard towards the pool's), got {prior!r}")
-    return float(prior)
-
-
 def sojourn_chain_fit(smoothing: float = 0.1, prior: float = 2.0) -> Fit:
     """A fit of the sojourn chain with ``smoothing`` pseudo-moves per row and ``prior`` pseudo-slots per hazard."""
     return lambda y: SojournChain(y, smoothing, prior)
@@ -133,7 +128,8 @@ class SojournChainForecaster(SeriesForecaster):
 
     def __init__(self, smoothing: float = 0.1, prior: float = 2.0, refit_every: int = 24) -> None:
         super().__init__(refit_every)
-        self.smoothing, self.prior = check_smoothing(smoothing), check_prior(prior)
+        self.smoothing = check_positive("smoothing", smoothing, SMOOTHING_MEANING)
+        self.prior = check_positive("prior", prior, "pseudo-slots shrinking each hazard towards the pool's")
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "smoothing": self.smoothing, "prior": self.prior}
