@@ -6,10 +6,14 @@ The ranks' shares are built the way a multi-process Trainer builds them: acceler
 
 from __future__ import annotations
 
-import pytest
-from accelerate.data_loader import BatchSamplerShard
-from torch.utils.data import BatchSampler
+from pathlib import Path
 
+import pytest
+from accelerate.data_loader import BatchSamplerShard, DataLoaderShard, skip_first_batches
+from torch.utils.data import BatchSampler
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from airflow_provider_spotsched.runtime.hf_callback import SamplerEpoch
 from airflow_provider_spotsched.runtime.hf_sampler import GlobalOrderSampler
 
 LENGTH, GLOBAL_BATCH, SEED = 103, 8, 7
@@ -55,3 +59,28 @@ def test_bad_sizes_are_refused_with_the_fix() -> None:
         GlobalOrderSampler(4, GLOBAL_BATCH, SEED)
     with pytest.raises(ValueError, match="global_batch must be >= 1"):
         GlobalOrderSampler(LENGTH, 0, SEED)
+
+
+def test_a_multi_process_resume_after_the_first_epoch_takes_that_epochs_samples(tmp_path: Path) -> None:
+    """What the Trainer does on a resume at world size 2, step 3 of epoch 1: skip, set the epoch, iterate.
+
+    accelerate's ``set_epoch`` does not reach the sampler through ``SkipBatchSampler(BatchSamplerShard)``
+    (the first assertion documents it); :class:`SamplerEpoch`, at the epoch's start, does.
+    """
+    world_size, rank, skipped = 2, 0, 3
+    sampler = GlobalOrderSampler(LENGTH, GLOBAL_BATCH, SEED)
+    shard = BatchSamplerShard(BatchSampler(sampler, GLOBAL_BATCH // world_size, drop_last=False), world_size, rank)
+    resumed = skip_first_batches(DataLoaderShard(range(LENGTH), batch_sampler=shard), skipped)
+    resumed.set_epoch(1)
+    assert sampler.epoch == 0  # the library's own path misses it
+    expected = steps(world_size, 1)[skipped][: GLOBAL_BATCH // world_size]  # rank 0's half of step 3 of epoch 1
+
+    state = TrainerState(global_step=len(sampler) // GLOBAL_BATCH + skipped)
+    SamplerEpoch(sampler).on_epoch_begin(TrainingArguments(output_dir=str(tmp_path), use_cpu=True), state, TrainerControl())
+    assert sampler.epoch == 1
+    assert next(iter(resumed)).tolist() == expected
+
+
+def test_the_epoch_of_a_step_counts_whole_epochs_of_global_batches() -> None:
+    sampler = GlobalOrderSampler(LENGTH, GLOBAL_BATCH, SEED)  # 103 samples of global batch 8: 12 steps an epoch
+    assert [sampler.epoch_of(step) for step in (0, 11, 12, 23, 24, 100)] == [0, 0, 1, 1, 2, 8]

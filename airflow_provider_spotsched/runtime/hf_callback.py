@@ -439,6 +439,24 @@ def use_global_order(trainer: Trainer) -> None:
     # Trainer documents subclassing to change the sampler; an instance attribute does the same for
     # a Trainer (or SFTTrainer) the user built, without asking them to subclass it.
     trainer._get_train_sampler = lambda train_dataset=None: sampler  # type: ignore[method-assign]
+    trainer.add_callback(SamplerEpoch(sampler))
+
+
+class SamplerEpoch(TrainerCallback):
+    """Tells the :class:`GlobalOrderSampler` its epoch, from the step count, as each epoch begins.
+
+    The Trainer's own ``set_epoch`` misses the sampler of a multi-process job that resumes inside
+    an epoch after the first: accelerate's ``skip_first_batches`` wraps the sharded batch sampler in
+    a ``SkipBatchSampler``, and neither ``DataLoaderShard.set_epoch`` nor the Trainer looks through
+    both wrappers (transformers 5.24, accelerate 1.15), so the resumed epoch replayed epoch 0's order.
+    """
+
+    def __init__(self, sampler: GlobalOrderSampler) -> None:
+        self.sampler = sampler
+
+    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        self.sampler.set_epoch(self.sampler.epoch_of(state.global_step))
 
 
 def global_batch(args: TrainingArguments) -> int:

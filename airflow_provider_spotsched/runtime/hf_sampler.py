@@ -8,7 +8,9 @@ global batches. accelerate hands rank ``r`` of ``w`` the per-device batches ``r,
 that stream, so optimizer step ``k`` consumes samples ``[k * B, (k + 1) * B)`` of it for any ``w``
 that keeps the global batch ``B`` (per-device batch x accumulation x world size) fixed. The
 Trainer resumes at step ``k`` by skipping ``k`` steps' batches of the same stream, so a resume at
-another world size continues at the sample after the last checkpointed one.
+another world size continues at the sample after the last checkpointed one, provided the sampler
+is told the epoch of step ``k`` (:meth:`GlobalOrderSampler.epoch_of`; see ``hf_callback.SamplerEpoch``
+for why the Trainer's own ``set_epoch`` is not enough).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class GlobalOrderSampler(Sampler[int]):
         # The tail that does not fill a global batch is dropped: accelerate would otherwise pad the
         # last batch with samples that depend on the world size.
         return self.length - self.length % self.global_batch
+
+    def epoch_of(self, global_step: int) -> int:
+        """The epoch that optimizer step ``global_step + 1`` belongs to: every epoch has the same whole steps."""
+        return global_step // (len(self) // self.global_batch)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.order(self.epoch))
