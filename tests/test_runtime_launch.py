@@ -7,6 +7,7 @@ exit 0 is the acceptance test's (tests/test_hf_elastic.py).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -27,7 +28,10 @@ def launch(worker: str, tmp_path: Path) -> subprocess.Popen[str]:
                "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
                "--rdzv-conf=last_call_timeout=1",  # one node is all there is: don't wait 30 s for a second
                "--max-restarts=0", "--no-python", "bash", "-c", worker]
-    return subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    temporary = tmp_path / "tmp"  # the launcher's temporary directory: it must be left empty
+    temporary.mkdir(exist_ok=True)
+    return subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(temporary)})
 
 
 def test_worker_codes_map_to_the_contract() -> None:
@@ -49,6 +53,7 @@ def test_the_launcher_exits_as_its_workers_did(tmp_path: Path, worker: str, expe
     process = launch(worker, tmp_path)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == expected, stderr
+    assert not list((tmp_path / "tmp").iterdir())  # torchrun's log folder went with it
 
 
 @pytest.mark.e2e
@@ -63,3 +68,4 @@ def test_a_sigterm_to_the_launcher_reaches_the_workers_and_ends_in_75(tmp_path: 
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == EXIT_PREEMPTED, stderr
+    assert not list((tmp_path / "tmp").iterdir())

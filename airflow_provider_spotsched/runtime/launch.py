@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import tempfile
+from argparse import Namespace
 from collections.abc import Sequence
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -52,6 +54,17 @@ def exit_code(worker_codes: Sequence[int]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run torchrun on ``argv`` (default: this process's arguments); the spot contract's exit code."""
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.log_dir is not None:
+        return launch(args)
+    # Without --log-dir torchrun makes a torchelastic_* folder in the temporary directory at every
+    # launch and leaves it there: one per generation on a host the job keeps coming back to.
+    with tempfile.TemporaryDirectory(prefix="spotsched-torchrun-") as logs:
+        args.log_dir = logs
+        return launch(args)
+
+
+def launch(args: Namespace) -> int:
+    """torchrun's launcher on parsed ``args``, and how it ended as the contract's exit code."""
     try:
         run(args)
     except ChildFailedError as error:
@@ -66,7 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               "one from the backend", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED
     return EXIT_DONE
-
 
 if __name__ == "__main__":
     sys.exit(main())
