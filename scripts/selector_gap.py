@@ -6,7 +6,9 @@ likely member (the highest weight, no draw) would have paid.
 The selector learns one distribution per kind of job, so the best it can approach is the best
 member per kind: the distance from its expected cost to that figure is the selection's part of
 the gap, the rest of the way to the optimum is the members'. The best member per job is what a
-selector with perfect context (beyond the kind) could reach at most. The most likely member
+selector with perfect context (beyond the kind) could reach at most. The best member per start
+time (one member for every kind of job submitted at that time) tells whether the market at
+submission, on its own, points to one member. The most likely member
 shows what the draw's randomness costs or saves: a selector that always played it would have no
 regret bound (a deterministic choice can be led astray round after round), so it is a check on
 the draws, not an alternative. Plain script:
@@ -36,10 +38,12 @@ def main() -> None:
     learning = json.loads((args.results / "results.json").read_text())["selector"]
     if not optimal or not learning:
         raise SystemExit(f"{args.results} holds no optimal runs or no selector learning; evaluate with both policies")
-    print(f"{'trace':<32} {'jobs':>5} {'expected':>9} {'best per kind':>14} {'best per job':>13} {'most likely':>12}")
+    print(f"{'trace':<32} {'jobs':>5} {'expected':>9} {'best per kind':>14} {'best per job':>13} {'best per start':>15}"
+          f" {'most likely':>12}")
     for trace, record in learning.items():
         expected, best_job, most_likely = [], [], []
         per_kind: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        per_start: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         for play in record["plays"]:
             if args.nmax and play["n_max"] not in args.nmax:
                 continue
@@ -52,11 +56,13 @@ def main() -> None:
             most_likely.append(excess[max(probabilities, key=probabilities.get)])
             for member, value in excess.items():
                 per_kind[play["context"]][member] += value
+                per_start[play["start"]][member] += value
         n = len(expected)
         best_kind = sum(min(totals.values()) for totals in per_kind.values()) / n
+        best_start = sum(min(totals.values()) for totals in per_start.values()) / n
         print(
             f"{trace:<32} {n:>5} {100 * sum(expected) / n:>+8.1f}% {100 * best_kind:>+13.1f}% {100 * sum(best_job) / n:>+12.1f}%"
-            f" {100 * sum(most_likely) / n:>+11.1f}%"
+            f" {100 * best_start:>+14.1f}% {100 * sum(most_likely) / n:>+11.1f}%"
         )
 
 
