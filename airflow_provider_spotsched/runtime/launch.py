@@ -80,5 +80,6 @@ def launch(args: Namespace) -> int:
         return EXIT_PREEMPTED
     return EXIT_DONE
 
+
 if __name__ == "__main__":
     sys.exit(main())
