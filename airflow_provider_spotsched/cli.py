@@ -25,7 +25,7 @@ from typing import Any
 from airflow_provider_spotsched.backends.local_settings import DEFAULT_SECONDS_PER_SLOT, LocalReplaySettings
 from airflow_provider_spotsched.execution.driver import Load, Persist, RunDriver
 from airflow_provider_spotsched.execution.environment import SpotEnvironment, local_environment
-from airflow_provider_spotsched.forecast import FORECASTERS, Forecaster, make_forecaster
+from airflow_provider_spotsched.forecast import LIVE_FORECASTERS, Forecaster, make_forecaster
 from airflow_provider_spotsched.forecast.backtest import BacktestError, run_backtest
 from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, MAX_STALENESS_HOURS, forecast_document, snapshot_at
 from airflow_provider_spotsched.market.slots import resample
@@ -370,9 +370,8 @@ def _live_forecast(args: argparse.Namespace, trace: Trace, pools: list[str] | No
 
 def _forecaster(name: str, option: str = "--model") -> Forecaster:
     """Forecaster ``name`` with its defaults; the oracle is refused, it would read the future."""
-    if name not in FORECASTERS or name == "oracle":
-        known = [n for n in FORECASTERS if n != "oracle"]
-        raise InputError(f"{option} {name!r}: unknown forecaster; choose from {known}")
+    if name not in LIVE_FORECASTERS:
+        raise InputError(f"{option} {name!r}: unknown forecaster; choose from {list(LIVE_FORECASTERS)}")
     return make_forecaster(name)
 
 

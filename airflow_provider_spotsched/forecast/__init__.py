@@ -18,6 +18,8 @@ FORECASTERS: dict[str, str] = {
     "sojourn-chain": "airflow_provider_spotsched.forecast.sojourn_chain:SojournChainForecaster",
     "auto": "airflow_provider_spotsched.forecast.auto:AutoForecaster",
 }
+LIVE_FORECASTERS: tuple[str, ...] = tuple(name for name in FORECASTERS if name != "oracle")
+"""The forecasters that read only the past, so can forecast a live market (the oracle reads the future)."""
 
 
 def make_forecaster(name: str, params: Mapping[str, Any] | None = None) -> Forecaster:
@@ -25,4 +27,4 @@ def make_forecaster(name: str, params: Mapping[str, Any] | None = None) -> Forec
     return build("forecaster", FORECASTERS, name, params)
 
 
-__all__ = ["FORECASTERS", "Forecast", "Forecaster", "make_forecaster"]
+__all__ = ["FORECASTERS", "LIVE_FORECASTERS", "Forecast", "Forecaster", "make_forecaster"]

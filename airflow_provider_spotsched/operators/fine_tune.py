@@ -42,7 +42,7 @@ from airflow_provider_spotsched.execution.driver import Finished, RunDriver
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.retry import retrying
 from airflow_provider_spotsched.execution.wake import Wait
-from airflow_provider_spotsched.forecast import FORECASTERS
+from airflow_provider_spotsched.forecast import FORECASTERS, LIVE_FORECASTERS
 from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_environment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.links.report import SpotRunReportLink
@@ -326,9 +326,9 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         BackendSpec(self.backend, self.compute_conn_id)  # a known backend, with a connection where it needs one
         if self.policy not in POLICIES:
             raise JobError(f"policy={self.policy!r}: not a registered policy; choose one of {sorted(POLICIES)}")
-        if self.forecaster not in FORECASTERS or self.forecaster == "oracle":
-            known = sorted(set(FORECASTERS) - {"oracle"})
-            raise JobError(f"forecaster={self.forecaster!r}: not a forecaster of a live market; choose one of {known}")
+        if self.forecaster not in LIVE_FORECASTERS:
+            raise JobError(f"forecaster={self.forecaster!r}: not a forecaster of a live market; "
+                           f"choose one of {sorted(LIVE_FORECASTERS)}")
         if not isinstance(self.deferrable, bool):
             raise JobError(f"deferrable={self.deferrable!r}: not a bool; give True (wait in the triggerer) or False")
         for name in ("slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):

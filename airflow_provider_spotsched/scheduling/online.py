@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from airflow_provider_spotsched.forecast import make_forecaster
+from airflow_provider_spotsched.forecast import LIVE_FORECASTERS, make_forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_instant, format_timestamp, parse_timestamp
 from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Allocation, Job, JobError, as_count
@@ -214,7 +214,7 @@ class OnlineRun:
         if getattr(make_forecaster(config.forecaster), "uses_future", False):
             raise JobError(
                 f"forecaster={config.forecaster!r}: needs the future market, a reference for simulations; "
-                "choose auto, persistence, seasonal-naive, arima, holt-winters, markov-count or sojourn-chain"
+                f"choose one of {list(LIVE_FORECASTERS)}"
             )
         missing = [p for p in config.pools if p not in history.pools]
         if missing:
