@@ -1,7 +1,8 @@
 """Where the selector's gap to the optimum is, from an evaluation's results (run with `selector`
 and `optimal`): per trace, its expected excess cost, the best member per kind of job in
 hindsight, and the best member per job in hindsight; beside them, what playing each job's most
-likely member (the highest weight, no draw) would have paid.
+likely member (the highest weight, no draw) would have paid, and the best single member for every
+job of the trace (what a selector must beat to be worth its rounds).
 
 The selector learns one distribution per kind of job, so the best it can approach is the best
 member per kind: the distance from its expected cost to that figure is the selection's part of
@@ -39,11 +40,12 @@ def main() -> None:
     if not optimal or not learning:
         raise SystemExit(f"{args.results} holds no optimal runs or no selector learning; evaluate with both policies")
     print(f"{'trace':<32} {'jobs':>5} {'expected':>9} {'best per kind':>14} {'best per job':>13} {'best per start':>15}"
-          f" {'most likely':>12}")
+          f" {'most likely':>12} {'best member':>12}")
     for trace, record in learning.items():
         expected, best_job, most_likely = [], [], []
         per_kind: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         per_start: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        per_member: dict[str, float] = defaultdict(float)
         for play in record["plays"]:
             if args.nmax and play["n_max"] not in args.nmax:
                 continue
@@ -57,12 +59,13 @@ def main() -> None:
             for member, value in excess.items():
                 per_kind[play["context"]][member] += value
                 per_start[play["start"]][member] += value
+                per_member[member] += value
         n = len(expected)
         best_kind = sum(min(totals.values()) for totals in per_kind.values()) / n
         best_start = sum(min(totals.values()) for totals in per_start.values()) / n
         print(
             f"{trace:<32} {n:>5} {100 * sum(expected) / n:>+8.1f}% {100 * best_kind:>+13.1f}% {100 * sum(best_job) / n:>+12.1f}%"
-            f" {100 * best_start:>+14.1f}% {100 * sum(most_likely) / n:>+11.1f}%"
+            f" {100 * best_start:>+14.1f}% {100 * sum(most_likely) / n:>+11.1f}% {100 * min(per_member.values()) / n:>+11.1f}%"
         )
 
 
