@@ -128,6 +128,30 @@ def test_resaving_a_step_never_pairs_a_new_payload_with_the_old_manifest(tmp_pat
     replacement = {**state(3), "note": "saved again after a rollback"}
     store.save(3, replacement)
     assert store.load_latest().state["note"] == "saved again after a rollback"
+    files = sorted(p.name for p in (tmp_path / "checkpoints" / "ckpt-000000003").iterdir())
+    assert files == ["manifest.json", json.loads((tmp_path / "checkpoints" / "ckpt-000000003" / "manifest.json").read_text())["payload"]]
+
+
+@pytest.mark.parametrize("failing_write", [1, 2], ids=["the payload", "the manifest"])
+def test_a_failed_resave_of_a_step_keeps_its_stored_checkpoint(tmp_path, monkeypatch, failing_write):
+    """With keep=1 the step being saved again is the only checkpoint: a write that fails must not cost it."""
+    store = CheckpointStore(str(tmp_path), keep=1)
+    store.save(4, state(4))
+    store.save(5, state(5))
+    real_write = checkpoint_module.write_atomic
+    writes = []
+
+    def full_disk(fs, path, data):
+        writes.append(path)
+        if len(writes) == failing_write:
+            raise OSError(28, "No space left on device", path)
+        real_write(fs, path, data)
+
+    monkeypatch.setattr(checkpoint_module, "write_atomic", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        store.save(5, {**state(5), "note": "emergency save of the same step"})
+    loaded = store.load_latest()
+    assert loaded.name == "ckpt-000000005" and loaded.state["note"] == "state of step 5" and not loaded.skipped
 
 
 def test_fsspec_urls_work_through_the_same_code(tmp_path):

@@ -151,6 +151,20 @@ def test_world_size_1_2_1_resumes_at_the_same_sample_and_follows_the_same_curve(
     assert max(abs(combined[s] - reference[s]) for s in reference) < 1e-4
 
 
+def test_a_resumed_run_never_writes_the_checkpoint_it_resumed_from_again(tmp_path):
+    """With the interval from a preemption forecast and no save timed yet, a save is due at once on
+    resume; writing the step just loaded again would put the only checkpoint (keep 1) at risk for nothing."""
+    config, uri = write_config(tmp_path, checkpoint={"keep": 1, "min_interval_s": 0, "mtbp_hours": 1}), tmp_path / "ckpt"
+    with late_sigterm_ignored():
+        when_progress(uri, lambda p: p["step"] >= 5, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        code, _ = run_inline(config, uri)
+    assert code == 75
+    code, second = run_inline(config, uri)
+    resumed, saved = second[0], [e["step"] for e in second if e["event"] == "checkpoint"]
+    assert code == 0 and resumed["event"] == "resumed"
+    assert saved and resumed["step"] not in saved and saved[0] == resumed["step"] + 1
+
+
 def test_when_a_worker_vanishes_the_leader_saves_the_last_completed_step(tmp_path, capsys):
     config, uri = write_config(tmp_path), tmp_path / "ckpt"
 

@@ -9,7 +9,10 @@ The payload is written first and the manifest last, so a checkpoint without a ma
 (its writer died, or is still writing) and is ignored. On a local disk each file is written to a
 temporary name, fsynced and renamed into place (then the directory is fsynced), so a crash leaves
 either the old file or the new one plus a ``*.tmp-*`` leftover that is ignored and cleaned. Object
-stores write an object all or nothing, which gives the same guarantee. On load the newest
+stores write an object all or nothing, which gives the same guarantee. A step saved again (an
+emergency save of the step just stored) writes its payload under a new name (``state-<sha256
+prefix>.pt``) and then replaces the manifest, so the stored checkpoint stays valid until the new
+one is; the old payload goes last. On load the newest
 checkpoint whose payload matches its manifest's size and SHA-256 wins. Any other is reported
 (logged with its name and why) and the previous one is used: a partial one, a corrupt one (a
 manifest that is not JSON, not an object, or lacks a ``payload`` file name, ``bytes`` or
@@ -130,20 +133,35 @@ class CheckpointStore:
         self.write_bytes(relative, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
 
     def save(self, step: int, state: dict[str, Any], **manifest_extra: Any) -> str:
-        """Save ``state`` as the checkpoint of ``step`` (payload, then manifest); prune to the last K."""
+        """Save ``state`` as the checkpoint of ``step`` (payload, then manifest); prune to the last K.
+
+        Re-saving a step that is already stored writes the new payload beside the old one and then
+        swaps the manifest (one atomic write): the stored checkpoint stays valid until the new one
+        is, so a write that fails or is killed half-way never leaves the step without one.
+        """
         name = checkpoint_name(step)
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()
-        manifest_path = self.path(CHECKPOINTS, name, MANIFEST)
-        if self.fs.exists(manifest_path):  # re-saving a step: invalidate first, never mix old and new
-            self.fs.rm(manifest_path)
-        self.write_bytes(f"{CHECKPOINTS}/{name}/{PAYLOAD}", data)
-        manifest = {"name": name, "step": step, "payload": PAYLOAD, "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest(), "created": utc_now(), **manifest_extra}
+        digest = hashlib.sha256(data).hexdigest()
+        previous = self._stored_payload(name)
+        payload = PAYLOAD if previous is None else f"state-{digest[:16]}.pt"
+        self.write_bytes(f"{CHECKPOINTS}/{name}/{payload}", data)
+        manifest = {"name": name, "step": step, "payload": payload, "bytes": len(data),
+                    "sha256": digest, "created": utc_now(), **manifest_extra}
         self.write_json(f"{CHECKPOINTS}/{name}/{MANIFEST}", manifest)
+        if previous is not None and previous != payload:
+            self.fs.rm(self.path(CHECKPOINTS, name, previous))
         self.prune()
         return name
+
+    def _stored_payload(self, name: str) -> str | None:
+        """The payload file that checkpoint ``name``'s manifest names, None if it has no usable manifest."""
+        try:
+            raw = self._read(name, MANIFEST, "manifest")
+            return None if raw is None else manifest_fields(json.loads(raw))[0]
+        except (Unusable, ValueError):
+            return None
 
     def put_directory(self, local_dir: str, relative: str) -> None:
         """Copy a local directory's files (e.g. the final adapter) to ``relative``, each atomically."""

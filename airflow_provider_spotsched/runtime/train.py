@@ -401,7 +401,8 @@ class Trainer:
             if stop:
                 return self.preempted(discarded=0)
             if due:
-                self.save_checkpoint("periodic")
+                if not self.stored_this_step():  # just resumed or rolled back: the step is stored already
+                    self.save_checkpoint("periodic")
                 last_checkpoint = time.monotonic()
             result = self.train_step(global_count, int(chunks))
             if result.stopped:
@@ -439,8 +440,12 @@ class Trainer:
                   elapsed_s=round(time.monotonic() - started, 3), rollbacks=self.rollbacks)
         return EXIT_DONE
 
+    def stored_this_step(self) -> bool:
+        """Whether the newest stored checkpoint is of the current step: nothing since it to save."""
+        return self.latest_checkpoint == checkpoint_name(self.step)
+
     def preempted(self, discarded: int) -> int:
-        if self.latest_checkpoint == checkpoint_name(self.step):  # nothing since it: re-saving would risk it
+        if self.stored_this_step():
             seconds: float | None = 0.0
         else:
             seconds = self.save_checkpoint("emergency")
@@ -472,13 +477,14 @@ class Trainer:
         if not self.workers.leader:
             return EXIT_PREEMPTED
         start = time.monotonic()
-        try:
-            self.latest_checkpoint = self.store.save(self.step, self.state(), samples_done=self.samples_done,
-                                                     world_size=self.workers.world_size, kind="emergency")
-        except Exception as exc:
-            warn(f"emergency checkpoint not stored ({type(exc).__name__}: {exc})")
-            return self.stopped_unsaved(reason=f"peer lost: {error}", discarded=0)
-        self.checkpointed_samples = self.samples_done
+        if not self.stored_this_step():  # a step stored already is never written again
+            try:
+                self.latest_checkpoint = self.store.save(self.step, self.state(), samples_done=self.samples_done,
+                                                         world_size=self.workers.world_size, kind="emergency")
+            except Exception as exc:
+                warn(f"emergency checkpoint not stored ({type(exc).__name__}: {exc})")
+                return self.stopped_unsaved(reason=f"peer lost: {error}", discarded=0)
+            self.checkpointed_samples = self.samples_done
         seconds = time.monotonic() - start
         self.write_progress("preempted")
         self.emit("preempted", reason=f"peer lost: {error}", checkpoint=self.latest_checkpoint, step=self.step,
