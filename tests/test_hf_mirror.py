@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
+from airflow_provider_spotsched.runtime import hf_checkpoints
 from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, write_manifest
 from airflow_provider_spotsched.runtime.hf_mirror import CheckpointMirror, is_remote, staging_directory
 
@@ -80,6 +82,25 @@ def test_a_corrupt_store_checkpoint_is_skipped_named_and_removed(tmp_path: Path)
     assert chosen is not None and chosen.name == "checkpoint-4"
     assert skipped and skipped[0].startswith("checkpoint-8: checksum mismatch")
     assert not (store / "checkpoints" / "checkpoint-8").exists() and "checkpoint-8" in log[0]
+
+
+def test_a_store_checkpoint_unreadable_on_the_staging_disk_is_skipped_and_kept(tmp_path: Path, monkeypatch) -> None:
+    """A read error on the local copy says nothing against the store's: only a corrupt one is removed there."""
+    mirror, local, store, log = mirror_in(tmp_path)
+    mirror.upload(saved(local, 4))
+    mirror.upload(saved(local, 8))
+    real_digest = hf_checkpoints._digest
+
+    def flaky_disk(path: Path) -> tuple[int, str]:
+        if path.parent.name == "checkpoint-8":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_digest(path)
+
+    monkeypatch.setattr(hf_checkpoints, "_digest", flaky_disk)
+    chosen, skipped = mirror.fetch_latest_valid(local / "checkpoints")
+    assert chosen is not None and chosen.name == "checkpoint-4"
+    assert skipped and skipped[0].startswith("checkpoint-8: ") and "could not be read" in skipped[0]
+    assert (store / "checkpoints" / "checkpoint-8" / MANIFEST).is_file() and "kept there" in log[0]
 
 
 def test_the_store_keeps_the_newest_complete_checkpoints_and_a_running_upload(tmp_path: Path) -> None:

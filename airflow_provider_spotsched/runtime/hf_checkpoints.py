@@ -7,7 +7,8 @@ every file and writes :data:`MANIFEST` (each file's size and SHA-256) last, atom
 (:func:`~.atomic.write_atomic`), so a checkpoint is complete exactly when its manifest is there
 and every file matches it. On resume the newest complete, checksum-valid checkpoint wins;
 newer ones are logged with why they were skipped and removed (the writer that left them has
-exited: a job runs one generation of processes at a time). Pruning keeps the K newest *valid*
+exited: a job runs one generation of processes at a time), or renamed aside if they could not be
+read (a read error may pass, and only a checkpoint known to be bad is deleted). Pruning keeps the K newest *valid*
 checkpoints, so a corrupt one never pushes the newest valid one out. Local directories: the
 Trainer writes with ``os``, not fsspec; :mod:`.hf_mirror` carries them to and from object stores.
 """
@@ -126,18 +127,31 @@ def latest_valid(output_dir: Path, log: Callable[[str], None]) -> tuple[Path | N
 
 
 def remove_newer_than(output_dir: Path, keep_step: int | None, log: Callable[[str], None]) -> list[str]:
-    """Remove the (unusable) checkpoints newer than the one resumed from, so the Trainer never saves into one.
+    """Clear the checkpoints newer than the one resumed from out of the way, so the Trainer never saves into one.
 
     Called at start, when the processes that left them have exited; a Trainer saving step N into a
-    stale ``checkpoint-N`` would otherwise mix old files with new.
+    stale ``checkpoint-N`` would otherwise mix old files with new. A corrupt or partial one is
+    removed; one that could not be read (a read error may pass) is renamed aside, never deleted.
     """
     removed = []
     for directory in checkpoints(output_dir):
         step = checkpoint_step(directory)
-        if step is not None and (keep_step is None or step > keep_step):
+        if step is None or (keep_step is not None and step <= keep_step):
+            continue
+        try:
+            verify(directory)
+            problem = "unreadable"  # readable now, but not when the resume was chosen: keep it too
+        except Unusable as why:
+            problem = why.problem
+        if problem == "unreadable":
+            aside = directory.with_name(f"{directory.name}.unreadable-{utc_now().replace(':', '')}")
+            directory.rename(aside)
+            log(f"checkpoint {directory.name} set aside as {aside.name}: it could not be read, and the resumed run "
+                "would save into it; check the storage and resume from it by renaming it back")
+        else:
             shutil.rmtree(directory)
-            log(f"checkpoint {directory.name} removed: unusable and newer than the one resumed from")
-            removed.append(directory.name)
+            log(f"checkpoint {directory.name} removed: {problem} and newer than the one resumed from")
+        removed.append(directory.name)
     return removed
 
 

@@ -100,9 +100,12 @@ class CheckpointMirror:
                 verify(local)
             except Unusable as why:
                 skipped.append(f"{name}: {why}")
-                self.log(f"checkpoint {name} in the store skipped and removed: {why}")
                 shutil.rmtree(local, ignore_errors=True)
-                self.fs.rm(self._remote(local), recursive=True)
+                if why.problem == "unreadable":  # the local copy could not be read: the store's may be sound
+                    self.log(f"checkpoint {name} in the store skipped, kept there: {why}")
+                else:
+                    self.log(f"checkpoint {name} in the store skipped and removed: {why}")
+                    self.fs.rm(self._remote(local), recursive=True)
                 continue
             return local, skipped
         return None, skipped
