@@ -60,6 +60,7 @@ class FakeComputeEngine:
         self.instances: dict[tuple[str, str], dict[str, Any]] = {}
         self.operations: dict[str, list[dict[str, Any]]] = {}
         self.exhausted: set[str] = set()
+        self.failing_deletes: set[str] = set()  # names whose next delete operation ends in an error
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.lock = threading.Lock()
         self.addresses = iter(range(2, 250))
@@ -95,6 +96,12 @@ class FakeComputeEngine:
             if method == "POST" and not target:
                 return self.insert(zone, body)
             if method == "DELETE":
+                if target[0] in self.failing_deletes and (zone, target[0]) in self.instances:
+                    self.failing_deletes.discard(target[0])
+                    failed = self.operation(zone, target[0], "delete")
+                    failed.update(error={"errors": [{"code": "INTERNAL_ERROR", "message": "Internal error."}]},
+                                  httpErrorStatusCode=500, httpErrorMessage="INTERNAL SERVER ERROR")
+                    return 200, failed  # the VM stays, and bills
                 if self.instances.pop((zone, target[0]), None) is None:
                     return 404, recorded("error_not_found.json")
                 return 200, self.operation(zone, target[0], "delete")
@@ -284,6 +291,21 @@ def test_scale_down_deletes_the_newest_of_the_shrunk_pool(gce):
     assert status.count(InstanceState.RELEASED) == 2
     assert {metadata_of(i)["spotsched-world-size"] for i in gce.instances.values()} == {"2"}
     assert metadata_of(gce.instances[("us-central1-a", oldest)])["spotsched-rank"] == "0"
+
+
+def test_a_vm_whose_delete_failed_stays_live_and_the_next_release_deletes_it(gce):
+    backend = make_backend(gce)
+    backend.reconcile(JOB, Allocation((2, 0), 0))
+    newest = max(gce.instances.values(), key=lambda i: (i["creationTimestamp"], i["name"]))["name"]
+    gce.failing_deletes.add(newest)
+    with pytest.raises(BackendError, match=rf"deleting 1 instance\(s\) failed, they may still run and bill: {newest}"):
+        backend.reconcile(JOB, Allocation((1, 0), 0))
+    states = {i.instance_id: i.state for i in backend.status(JOB).instances}
+    assert states[newest] is not InstanceState.RELEASED  # still billed: not reported as released
+
+    backend.release(JOB)  # what the driver does after a failed step
+    assert [i for i in gce.instances.values() if i["labels"]["spotsched-job-id"] == job_label(JOB.job_id)] == []
+    assert sum(path.endswith(newest) for path in gce.calls("DELETE")) == 2
 
 
 def test_a_preempted_spot_vm_is_reported_from_its_operation_even_to_a_new_backend(gce):

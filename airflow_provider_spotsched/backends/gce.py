@@ -282,19 +282,34 @@ class GceBackend(CloudBackend[_Vm, str]):
         return InstanceState.FAILED, f"{vm.status} without a result: stopped outside spotsched"
 
     def _terminate(self, vms: list[_Vm]) -> None:
-        operations = []
+        # A VM counts as deleted only once its delete is done (or it was gone already): one whose
+        # delete failed is still billed, so it stays live for reconcile and release tries again.
+        # Every delete is asked for and awaited before the first failure is raised.
+        pending, failures = [], []
         for vm in vms:
-            try:
-                operations.append(self.instances.delete(project=self.project, zone=vm.zone, instance=vm.name))
-            except GoogleAPICallError as exc:
-                if getattr(exc, "code", None) != 404:  # already gone is what we wanted
-                    raise BackendError(f"deleting {vm.name} in {vm.zone} failed: {exc}") from exc
-            self._deleted.add(vm.name)
             self._seen.setdefault(vm.name, (vm.pool_tag, vm.labels.get(LABEL_CAPACITY, "")))
-        for operation in operations:
-            operation.result(timeout=_OPERATION_TIMEOUT_S)
-        if vms:
-            log.info("deleted %d instance(s): %s", len(vms), ", ".join(vm.name for vm in vms))
+            try:
+                pending.append((vm, self.instances.delete(project=self.project, zone=vm.zone, instance=vm.name)))
+            except GoogleAPICallError as exc:
+                if getattr(exc, "code", None) == 404:  # already gone is what we wanted
+                    self._deleted.add(vm.name)
+                else:
+                    failures.append(f"{vm.name} in {vm.zone}: {exc}")
+        for vm, operation in pending:
+            try:
+                operation.result(timeout=_OPERATION_TIMEOUT_S)
+            except (GoogleAPICallError, TimeoutError) as exc:
+                failures.append(f"{vm.name} in {vm.zone}: {type(exc).__name__}: {exc}")
+            else:
+                self._deleted.add(vm.name)
+        done = [vm.name for vm in vms if vm.name in self._deleted]
+        if done:
+            log.info("deleted %d instance(s): %s", len(done), ", ".join(done))
+        if failures:
+            raise BackendError(
+                f"deleting {len(failures)} instance(s) failed, they may still run and bill: {'; '.join(failures)}; "
+                "the next reconcile or release deletes them again"
+            )
 
     def _next_generation(self, job: TrainingJob, known: list[_Vm]) -> int:
         # Names of preempted VMs are free again; a higher generation still keeps their operations apart.
