@@ -122,3 +122,20 @@ def test_bad_environments_are_refused_with_the_fix():
             startup_script(job, "aws")
     with pytest.raises(ValueError, match="provider must be"):
         startup_script(TrainingJob("job-1", ("train",), "ckpt", ("a",)), "azure")  # type: ignore[arg-type]
+
+
+def test_credentials_on_the_command_line_or_in_the_checkpoint_uri_are_refused():
+    token = "hf_" + "a1B2c3D4" * 4
+    for command, uri, message in (
+        (("env", "AWS_SECRET_ACCESS_KEY=abc/def", "python3", "train.py"), "s3://b/run", r"job.command\[1\] looks like a credential"),
+        (("env", "AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP", "train"), "s3://b/run", r"job.command\[1\]"),
+        (("python3", "train.py", "--hf-token", token), "s3://b/run", r"job.command\[3\].*hf_token_secret"),
+        (("train",), "https://user:hunter2@storage.example/run", "checkpoint_uri holds a credential"),
+    ):
+        job = TrainingJob("job-1", command, uri, ("a",))
+        for provider in ("aws", "gcp"):
+            with pytest.raises(BackendError, match=message):
+                startup_script(job, provider)  # type: ignore[arg-type]
+    harmless = TrainingJob("job-1", ("python3", "train.py", "--max-new-tokens", "256", "MAX_STEPS=10"), "gs://b/run",
+                           ("a",), env={"TOKENIZERS_PARALLELISM": "false"})
+    assert "export TOKENIZERS_PARALLELISM=false" in startup_script(harmless, "gcp")

@@ -61,8 +61,13 @@ MAX_SCRIPT_BYTES = 16 * 1024
 """EC2 refuses user data above 16 KiB; Compute Engine allows more, one limit keeps both safe."""
 
 # Names and values that carry secrets; they must reach the instance through its cloud identity.
-_SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY)", re.I)
-_SECRET_VALUE = re.compile(r"(AKIA|ASIA)[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----|\"private_key\"")
+# (TOKENIZERS_PARALLELISM, a common Hugging Face setting, is no token.)
+_SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN(?!IZER)|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY)", re.I)
+_SECRET_VALUE = re.compile(
+    r"(AKIA|ASIA)[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----|\"private_key\"|\bhf_[A-Za-z0-9]{30,}"
+)
+_ASSIGNMENT = re.compile(r"([A-Z_][A-Z0-9_]*)=.")  # an `env NAME=value` argument of the command
+_URL_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")  # scheme://user:password@host
 
 HF_TOKEN_SECRET = "SPOTSCHED_HF_TOKEN_SECRET"
 """The ``job.env`` name of the Hugging Face token's secret reference (see the module docstring)."""
@@ -228,6 +233,25 @@ def check_no_credentials(env: Mapping[str, str]) -> None:
             )
 
 
+def check_command_carries_no_credentials(job: TrainingJob) -> None:
+    """Refuse a command argument or checkpoint URI that holds a credential: the command goes into
+    the start-up script, readable metadata, as ``job.env`` does."""
+    for index, argument in enumerate(job.command):
+        assignment = _ASSIGNMENT.match(argument)
+        if _SECRET_VALUE.search(argument) or (assignment and _SECRET_NAME.search(assignment.group(1))):
+            raise BackendError(
+                f"job.command[{index}] looks like a credential; start-up scripts are stored as instance "
+                "metadata that anyone with describe access can read. Give the instance its access through "
+                "an instance profile (EC2) or a service account (Compute Engine), and a Hugging Face token "
+                "as a secret reference (hf_token_secret), never on the command line"
+            )
+    if _SECRET_VALUE.search(job.checkpoint_uri) or _URL_PASSWORD.search(job.checkpoint_uri):
+        raise BackendError(
+            "checkpoint_uri holds a credential; give the bucket's location only (s3://BUCKET/PREFIX or "
+            "gs://BUCKET/PREFIX) and the instance its access through its instance profile or service account"
+        )
+
+
 def startup_script(job: TrainingJob, provider: Provider, *, poll_seconds: int = 10) -> str:
     """The bash script that runs ``job.command`` under the rendezvous of ``provider``'s metadata."""
     if provider not in ("aws", "gcp"):
@@ -235,6 +259,7 @@ def startup_script(job: TrainingJob, provider: Provider, *, poll_seconds: int = 
     if poll_seconds < 1:
         raise ValueError(f"poll_seconds must be >= 1, got {poll_seconds}")
     check_no_credentials(job.env)
+    check_command_carries_no_credentials(job)
     secret = job.env.get(HF_TOKEN_SECRET)
     if secret is not None:
         check_secret_reference(provider, secret)
