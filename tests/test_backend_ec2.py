@@ -51,6 +51,7 @@ class RecordingClient:
         self.launches: list[dict[str, Any]] = []
         self.terminations: list[list[str]] = []
         self.tag_calls: list[dict[str, Any]] = []
+        self.not_yet_visible = 0  # the next create_tags calls that find no instance yet
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -69,6 +70,10 @@ class RecordingClient:
 
     def create_tags(self, **params: Any) -> dict[str, Any]:
         self.tag_calls.append(params)
+        if self.not_yet_visible:  # as EC2 answers about an instance launched a moment ago
+            self.not_yet_visible -= 1
+            error = {"Code": "InvalidInstanceID.NotFound", "Message": f"The instance ID '{params['Resources'][0]}' does not exist"}
+            raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 400}}, "CreateTags")
         return self._client.create_tags(**params)
 
 
@@ -230,6 +235,17 @@ def test_rendezvous_tags_rank_the_instances_oldest_first_with_its_address_as_mas
     assert {t["spotsched:master-addr"] for t in tags} == {instances[0]["PrivateIpAddress"]}
     assert {t["spotsched:master-port"] for t in tags} == {"29500"}
     assert len({t["spotsched:generation"] for t in tags}) == 1 and tags[0]["spotsched:generation"] != "1"
+
+
+def test_an_instance_not_yet_visible_to_create_tags_delays_the_rendezvous_and_fails_nothing(client, ec2, job):
+    backend = make_backend(client)
+    client.not_yet_visible = 1
+    status = backend.reconcile(job, Allocation((2, 0), 1))  # no error: the job is not released
+    assert len(live(ec2, job)) == 3 and client.terminations == [] and status.active(job.pools) == Allocation((2, 0), 1)
+    backend.reconcile(job, Allocation((2, 0), 1))  # the next slot's reconcile publishes it
+    tags = [i["TagMap"] for i in sorted(live(ec2, job).values(), key=lambda i: (i["LaunchTime"], i["InstanceId"]))]
+    assert [t["spotsched:rank"] for t in tags] == ["0", "1", "2"] and len({t["spotsched:generation"] for t in tags}) == 1
+    assert len(client.launches) == 3
 
 
 def test_the_same_reconcile_twice_launches_and_ends_nothing(client, ec2, job):

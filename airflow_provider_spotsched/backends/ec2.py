@@ -376,9 +376,18 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
                 TAG_MASTER_ADDR: ordered[0].private_ip or "",
                 TAG_MASTER_PORT: str(self.master_port),
             }
-            self.client.create_tags(
-                Resources=[instance.instance_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
-            )
+            try:
+                self.client.create_tags(
+                    Resources=[instance.instance_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
+                )
+            except ClientError as error:
+                # EC2 is eventually consistent: an instance launched a moment ago may not be known yet
+                # to other calls. The tags are then half published; the next reconcile publishes anew.
+                if error.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
+                    raise
+                log.info("rendezvous waits for %s to be visible to EC2; the next reconcile publishes it",
+                         instance.instance_id)
+                return
             instance.tags.update(tags)
         log.info("rendezvous generation %s: %d worker(s), master %s", generation, len(ordered), ordered[0].private_ip)
 
