@@ -28,6 +28,13 @@ def test_progress_round_trips_and_says_when_the_job_finished(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [PROGRESS_FILE]  # no temporary file left behind
 
 
+def test_a_finish_stamp_without_a_zone_is_utc_and_one_that_is_no_time_is_unknown():
+    """A user's command may write its own stamps: the driver compares them with its UTC clock."""
+    naive = Progress(samples_done=128, status="done", updated="2025-10-14T04:00:00")
+    assert naive.finished_at == datetime(2025, 10, 14, 4, tzinfo=timezone.utc)
+    assert Progress(samples_done=128, status="done", updated="yesterday").finished_at is None
+
+
 def test_a_missing_partial_or_foreign_progress_file_reads_as_nothing_yet(tmp_path):
     assert read_progress(str(tmp_path)) == Progress() and read_work_done(str(tmp_path)) == 0.0
     (tmp_path / PROGRESS_FILE).write_text("{")

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import fsspec
@@ -81,10 +81,15 @@ class Progress:
 
     @property
     def finished_at(self) -> datetime | None:
-        """When the runtime reported the job done, if it did."""
+        """When the runtime reported the job done, if it did (UTC when the stamp names no zone; None
+        when it is no time at all, so the caller falls back to the moment it saw the report)."""
         if self.status != "done" or not self.updated:
             return None
-        return datetime.fromisoformat(str(self.updated).replace("Z", "+00:00"))
+        try:
+            stamp = datetime.fromisoformat(str(self.updated).replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=timezone.utc)
 
 
 def _progress_path(checkpoint_uri: str) -> str:
