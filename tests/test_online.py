@@ -221,6 +221,25 @@ def test_a_slot_nobody_stepped_runs_on_the_allocation_in_force_capped_by_capacit
     assert record.on_demand_cost_so_far == pytest.approx(4 * gcp_market.on_demand_price)
 
 
+def test_a_decision_that_never_reached_the_backend_bills_what_ran_on(gcp_market):
+    """The caller stored slot 1's decision and died before the backend acted: slot 0's instances
+    ran on through slot 1 (capped by its capacity), and that is what slot 1 costs."""
+    run = OnlineRun.start(RunConfig("r", gcp_job(), gcp_market.pools, policy="greedy"), gcp_market.prefix(HISTORY + 1), NOW)
+    run.decide(0.0, NOW)
+    run.applied(Allocation((2, 1, 0), 1))
+    run.observe(gcp_market.spot_price[HISTORY + 1], np.array([1, 5, 0]))
+    run.decide(10.0, NOW + timedelta(hours=1))
+    assert run.records[-1].applied is None
+    before = run.cost
+    run.ran_on_undelivered()
+    assert run.records[-1].applied == {"spot": {run.config.pools[0]: 1, run.config.pools[1]: 1}, "on_demand": 1}
+    run.complete(1.5)
+    slot1 = 0.5 * (gcp_market.spot_price[HISTORY + 1, 0] + gcp_market.spot_price[HISTORY + 1, 1] + gcp_market.on_demand_price)
+    assert run.cost == pytest.approx(before + slot1)
+    run.ran_on_undelivered()  # nothing left undelivered: a no-op
+    assert run.cost == pytest.approx(before + slot1)
+
+
 def test_hours_follow_the_accelerated_clock(gcp_market):
     config = RunConfig("r", gcp_job(), gcp_market.pools, seconds_per_slot=5.0)
     run = OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW)

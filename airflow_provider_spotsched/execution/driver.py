@@ -320,6 +320,7 @@ class RunDriver:
         run = self.run
         if run.completion_hours is None:
             finished_at = read_finished_at(self.training.checkpoint_uri, self.env.locate) or datetime.now(timezone.utc)
+            run.ran_on_undelivered()  # a decision stored just before a crash never ran: its slot ran on what was
             self._carry_to(min(self.slot_at(finished_at), self.slot_at(datetime.now(timezone.utc))), finished_at)
             slot_start = run.slot * run.config.job.slot_hours
             hours = run.hours_at(finished_at)

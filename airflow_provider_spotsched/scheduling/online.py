@@ -363,13 +363,9 @@ class OnlineRun:
         """
         if not self.records:
             raise ValueError("no slot has been decided: there is no allocation in force to run on")
-        in_force = next((r.applied for r in reversed(self.records) if r.applied is not None), {})
-        carried = allocation_from_dict(in_force, self.config.pools)
+        in_force = self.allocation_in_force()
         self.observe(spot_price, available)
-        capacity = self.market.available[-1]
-        ran = allocation_to_dict(
-            Allocation(tuple(min(n, int(a)) for n, a in zip(carried.spot, capacity)), carried.on_demand), self.config.pools
-        )
+        ran = allocation_to_dict(self._capped_by_capacity(in_force), self.config.pools)
         record = replace(
             self.records[-1], slot=self.slot, time=format_instant(now), market_time=format_timestamp(self.market_now),
             market=self._market_log(), forecast=None, plan=None, allocation=ran, applied=ran, work_done=float(work_done),
@@ -377,6 +373,22 @@ class OnlineRun:
         )
         self.records.append(record)
         return record
+
+    def allocation_in_force(self) -> Allocation:
+        """The last allocation the backend was asked to run (none: nothing runs)."""
+        in_force = next((r.applied for r in reversed(self.records) if r.applied is not None), {})
+        return allocation_from_dict(in_force, self.config.pools)
+
+    def _capped_by_capacity(self, allocation: Allocation) -> Allocation:
+        """``allocation`` as the current slot's spot capacity lets it run (spot beyond it was taken back)."""
+        capacity = self.market.available[-1]
+        return Allocation(tuple(min(n, int(a)) for n, a in zip(allocation.spot, capacity)), allocation.on_demand)
+
+    def ran_on_undelivered(self) -> None:
+        """The current slot's decision never reached the backend (the caller stopped in between):
+        the allocation in force ran on through it, capped by its spot capacity, and is billed."""
+        if self.decided and self.records[-1].applied is None:
+            self.applied(self._capped_by_capacity(self.allocation_in_force()))
 
     def next_slot(self, spot_price: Sequence[float] | np.ndarray, available: Sequence[int] | np.ndarray) -> None:
         """Move past the decided current slot; a decision nobody reported on is billed as decided.
