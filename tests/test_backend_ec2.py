@@ -226,6 +226,21 @@ def test_a_credential_in_the_job_env_is_refused_before_anything_launches(client,
     assert client.launches == [] and live(ec2, job) == {}
 
 
+def test_check_job_refuses_what_a_later_launch_would_before_any_call_to_ec2(client, ec2, job):
+    """The driver checks a new run with it before storing anything: an unplaced pool that a later
+    slot would pick, or a start-up script the first launch would refuse, is an error now."""
+    backend = make_backend(client)
+    backend.check_job(job)
+    unplaced = TrainingJob(job.job_id, job.command, job.checkpoint_uri, (*POOLS, "eu-west-1a"), env=job.env)
+    with pytest.raises(BackendError, match=r"pools \['eu-west-1a'\] have no placement"):
+        backend.check_job(unplaced)
+    not_a_reference = TrainingJob(job.job_id, job.command, job.checkpoint_uri, POOLS,
+                                  env={"SPOTSCHED_HF_TOKEN_SECRET": "my-hf-secret"})
+    with pytest.raises(BackendError, match="is not a secret reference on aws"):
+        backend.check_job(not_a_reference)
+    assert client.launches == [] and client.tag_calls == [] and live(ec2, job) == {}
+
+
 def test_rendezvous_tags_rank_the_instances_oldest_first_with_its_address_as_master(client, ec2, job):
     make_backend(client).reconcile(job, Allocation((2, 0), 1))
     instances = sorted(live(ec2, job).values(), key=lambda i: (i["LaunchTime"], i["InstanceId"]))

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_spotsched.backends.base import InstanceState
+from airflow_provider_spotsched.backends.base import BackendError, InstanceState
+from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.backends.local_settings import LocalReplaySettings
 from airflow_provider_spotsched.execution.driver import Finished, RunDriver
@@ -118,6 +119,19 @@ def test_a_driver_rebuilt_from_its_state_goes_on_with_the_same_job(tmp_path):
     assert [r.slot for r in again.run.records] == [0], "slot 0 is decided once"
     again.release()
     assert not marked(str(tmp_path / "local" / "jobs" / "driver-test"))
+
+
+def test_a_job_the_backend_refuses_is_refused_before_anything_is_stored(tmp_path, monkeypatch):
+    """A retry reattaches to a stored run whatever the task's parameters say now, so a refusal the
+    first launch would meet must come before the run is stored: fixing the DAG then fixes the run."""
+    def refuse(self, job):
+        raise BackendError("pools ['europe-west1-c'] have no placement")
+
+    monkeypatch.setattr(LocalBackend, "check_job", refuse)
+    saved: list[dict[str, Any]] = []
+    with pytest.raises(BackendError, match="have no placement"):
+        make_driver(tmp_path, saved)
+    assert saved == []
 
 
 def test_the_core_driver_imports_without_airflow():

@@ -216,6 +216,11 @@ class ComputeBackend(ABC):
     def release(self, job: TrainingJob) -> None:
         """End every instance of the job; safe to call again, after a crash, or on a job never launched."""
 
+    def check_job(self, job: TrainingJob) -> None:
+        """Refuse a job this backend could never run (a pool it cannot place, a start-up script it
+        would refuse), before anything is stored or launched; the default has nothing to check."""
+        return None
+
     def instance_limit(self) -> int | None:
         """The most instances the account may run on demand at once, where the provider says
         (``None``: unknown). The spec's feasibility counts on ``max_instances`` on-demand

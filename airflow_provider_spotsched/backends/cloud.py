@@ -58,6 +58,12 @@ class CloudBackend(ComputeBackend, Generic[Instance, Launched]):
     def status(self, job: TrainingJob) -> JobStatus:
         return self._status(job, self._list(job))
 
+    def check_job(self, job: TrainingJob) -> None:
+        """Every pool placeable and the start-up script one the backend would send (no credential,
+        a secret as a reference, within the size limit), as the first launch would check them."""
+        self._check(job, Allocation((1,) * len(job.pools), 1))
+        startup_script(job, self.provider, poll_seconds=self.poll_seconds)
+
     def reconcile(self, job: TrainingJob, target: Allocation) -> JobStatus:
         check_target(job, target)
         self._check(job, target)

@@ -114,8 +114,8 @@ class RunDriver:
         load: Load | None = None,
         training_env: Mapping[str, str] | None = None,
     ) -> RunDriver:
-        """A new run: the job checked against the market, the budget and the account's quota,
-        nothing launched yet.
+        """A new run: the job checked against the market, the budget, the account's quota and the
+        backend (pools it can place, a start-up script it would send), nothing stored or launched yet.
 
         :param command_for: the training command for a checkpoint location.
         :param checkpoint_uri: where the runtime checkpoints (``None``: the backend's default).
@@ -139,6 +139,7 @@ class RunDriver:
             )
         training = TrainingJob(config.job_id, tuple(command_for(checkpoint_uri)), checkpoint_uri, run.config.pools,
                                env=dict(training_env or {}))
+        env.backend.check_job(training)  # a refusal now, not after the run is stored (a retry would reuse it)
         return cls(env, run, training, persist, load=load)
 
     # -- state ----------------------------------------------------------------------------
