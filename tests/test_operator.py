@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import TaskDeferralError, TaskDeferred
 
 from airflow_provider_spotsched.backends.base import InstanceState, TrainingJob
+from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.execution.driver import TrainingFailedError
 from airflow_provider_spotsched.hooks.backend_factory import ConnectionMissingError
@@ -39,7 +40,7 @@ from airflow_provider_spotsched.scheduling.model import JobError
 from airflow_provider_spotsched.scheduling.online import BudgetError
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
 from airflow_provider_spotsched.scheduling.selector_store import SelectorStoreError
-from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
+from airflow_provider_spotsched.triggers.spot_job import STATUS_FAILURES_TO_WAKE, SpotJobTrigger
 from tests.billing import billed
 from tests.task_context import TaskContext, TaskStateStore, first_payload, rebuilt
 
@@ -331,6 +332,52 @@ def test_trigger_serialises_every_argument():
     assert rebuilt.serialize() == (path, kwargs)
     assert kwargs["known_preemptions"] == 3 and kwargs["known_failures"] == 1 and kwargs["poll_interval"] == 2.5
     assert kwargs["not_before"] == "2025-12-31T23:59:45+00:00"
+
+
+def test_a_trigger_whose_status_calls_keep_failing_wakes_the_task_instead_of_failing(tmp_path, monkeypatch):
+    """A failed trigger fails its task with nothing released; after a few failed polls in a row it
+    wakes the task, whose own step either gets through or fails and releases."""
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, worker={"samples": 10_000})
+    deferred = start(op, context)
+    job = TrainingJob.from_dict(deferred.trigger.job)
+    calls = []
+
+    def throttled(self, job):
+        calls.append(job.job_id)
+        raise OSError("Request limit exceeded")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalBackend, "status", throttled)
+        event = first_event(deferred)
+    assert event["reason"] == "error" and "Request limit exceeded" in event["error"]
+    assert len(calls) == STATUS_FAILURES_TO_WAKE
+    assert not nothing_left(tmp_path, job.job_id)  # the instances ran on meanwhile
+    op.on_kill()
+
+
+def test_a_failed_trigger_releases_the_jobs_instances_before_the_task_fails(tmp_path):
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, worker={"samples": 10_000})
+    job = TrainingJob.from_dict(start(op, context).trigger.job)
+    assert not nothing_left(tmp_path, job.job_id)
+    with pytest.raises(TaskDeferralError, match="Trigger failure"):
+        operator(tmp_path).resume_execution(fine_tune.TRIGGER_FAILED, {"error": "Trigger failure"}, context)
+    assert nothing_left(tmp_path, job.job_id)
+
+
+def test_a_resume_that_fails_before_its_driver_is_rebuilt_releases_the_job(tmp_path, monkeypatch):
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, worker={"samples": 10_000})
+    job = TrainingJob.from_dict(start(op, context).trigger.job)
+
+    def no_connection(*args, **kwargs):
+        raise ConnectionMissingError("the API server did not answer")
+
+    monkeypatch.setattr(fine_tune, "build_environment", no_connection)
+    with pytest.raises(ConnectionMissingError):
+        operator(tmp_path).execute_slot(context, {"reason": "boundary", "time": datetime.now(timezone.utc).isoformat()})
+    assert nothing_left(tmp_path, job.job_id)
 
 
 def test_a_wake_is_held_until_the_deferral_has_lasted_min_deferral_seconds(tmp_path, monkeypatch):

@@ -19,8 +19,8 @@ Where state lives:
 Reads and writes of the state store and the decision log's XCom are retried with a short backoff
 (:func:`~airflow_provider_spotsched.execution.retry.retrying`), so that a database down for a few
 seconds costs nothing; a decision log that still cannot be pushed mid-run is pushed with the next
-slot's. Any other exception in the task, and a kill, releases every instance of the job;
-checkpoints stay, so a retry resumes the training where it stopped.
+slot's. Any other exception in the task, a kill, and a trigger that failed release every instance
+of the job; checkpoints stay, so a retry resumes the training where it stopped.
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator, Context, Variable, conf
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_spotsched.backends.base import TrainingJob
 from airflow_provider_spotsched.backends.bootstrap import HF_TOKEN_SECRET
 from airflow_provider_spotsched.execution.driver import Finished, RunDriver
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.retry import retrying
 from airflow_provider_spotsched.execution.wake import Wait
 from airflow_provider_spotsched.forecast import FORECASTERS, LIVE_FORECASTERS
-from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_environment
+from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_backend, build_environment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.links.report import SpotRunReportLink
 from airflow_provider_spotsched.market.slots import pool_names
@@ -71,6 +72,7 @@ from airflow_provider_spotsched.scheduling.selector_store import starting_state,
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 
 STATE_KEY = "spotsched_run"
+TRIGGER_FAILED = "__fail__"  # the next_method Airflow resumes a task with when its trigger failed or timed out
 DEFAULT_SELECTOR_VARIABLE = "spotsched_selector_state"
 DEFAULT_MIN_DEFERRAL_SECONDS = 15.0
 CLOUD_OPTIONS = {"ec2": ("instance_type", "pools"), "gce": ("machine_type", "zones")}
@@ -376,15 +378,38 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             self.log.info("killed: releasing every instance of %s", self._running.training.job_id)
             self._running.release()
 
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        """A trigger that failed or timed out resumes the task only to fail it: the job's instances
+        are released first, since no trigger watches them any more."""
+        if next_method == TRIGGER_FAILED:
+            saved = self._load(context)()
+            if saved:
+                self._release_saved(saved)
+        return super().resume_execution(next_method, next_kwargs, context)
+
     def _resume(self, context: Context, saved: Mapping[str, Any], reattach: bool) -> dict[str, Any]:
         """Go on with the saved run, its job and its backend, whatever the parameters say now.
 
         ``reattach``: a new try of the task (see :meth:`RunDriver.step`).
         """
-        spec = BackendSpec.from_dict(saved["backend"])
-        env = build_environment(spec, self.slot_hours, self._market_source())
-        driver = RunDriver.from_state(env, saved, self._persist(context, spec), self._load(context))
+        try:
+            spec = BackendSpec.from_dict(saved["backend"])
+            env = build_environment(spec, self.slot_hours, self._market_source())
+            driver = RunDriver.from_state(env, saved, self._persist(context, spec), self._load(context))
+        except BaseException:  # the task fails with no driver to release what runs: release it from the state
+            self._release_saved(saved)
+            raise
         return self._drive(context, spec, driver, reattach)
+
+    def _release_saved(self, saved: Mapping[str, Any]) -> None:
+        """End every instance of the stored run's job through its stored backend (its connection only)."""
+        job = TrainingJob.from_dict(saved["job"])
+        try:
+            build_backend(BackendSpec.from_dict(saved["backend"])).release(job)
+        except Exception as error:  # the task fails anyway; say what may still run
+            self.log.error("could not release the instances of job %s (%s): end them by its job id", job.job_id, error)
+        else:
+            self.log.info("released every instance of job %s", job.job_id)
 
     # -- starting ------------------------------------------------------------------------------
 

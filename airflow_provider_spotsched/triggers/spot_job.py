@@ -7,7 +7,9 @@ until the next poll or the boundary, whichever comes first. Everything the trigg
 its arguments (backend spec, job, boundary as an ISO string, poll interval, preemptions and
 failures already known), so a triggerer that restarts rebuilds it from :meth:`SpotJobTrigger.serialize` and goes
 on waiting for the same boundary. The event carries what the operator needs to resume: the
-reason, the instant and the job's status.
+reason, the instant and the job's status. A status call that fails is retried at the next poll;
+after :data:`STATUS_FAILURES_TO_WAKE` in a row the task is woken with reason ``error`` (and the
+error), never left to fail with its instances running.
 
 No event comes before ``not_before``: Airflow 3.3 fails a task resumed before the scheduler has
 read the executor's report of the worker that deferred it (a stale success for a task that is
@@ -26,6 +28,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_spotsched.backends.base import TrainingJob
 from airflow_provider_spotsched.execution.wake import wake_reason
+
+STATUS_FAILURES_TO_WAKE = 5
+"""Failed status calls in a row after which the trigger wakes the task (reason ``error``) instead
+of failing: a failed trigger fails its task with no release, while the woken task's own step
+either gets through or fails and releases the job's instances."""
 
 
 class SpotJobTrigger(BaseTrigger):
@@ -83,14 +90,26 @@ class SpotJobTrigger(BaseTrigger):
         job = TrainingJob.from_dict(self.job)
         boundary = datetime.fromisoformat(self.boundary)
         not_before = datetime.fromisoformat(self.not_before) if self.not_before else None
+        failures = 0  # status calls failed in a row
         while True:
-            status = await asyncio.to_thread(backend.status, job)
+            payload: dict[str, Any]
+            try:
+                status = await asyncio.to_thread(backend.status, job)
+            except Exception as error:  # a throttled or dropped call: the instances run on, so ask again
+                failures += 1
+                self.log.warning("status of job %s failed (%d in a row): %s", job.job_id, failures, error)
+                reason = "error" if failures >= STATUS_FAILURES_TO_WAKE else None
+                payload = {"error": f"{type(error).__name__}: {error}"}
+            else:
+                failures = 0
+                reason = wake_reason(status, datetime.now(timezone.utc), boundary, self.known_preemptions,
+                                     self.known_failures)
+                payload = {"status": status.to_dict()}
             now = datetime.now(timezone.utc)
-            reason = wake_reason(status, now, boundary, self.known_preemptions, self.known_failures)
             until = boundary
             if reason is not None:
                 if not_before is None or now >= not_before:
-                    yield TriggerEvent({"reason": reason, "time": now.isoformat(), "status": status.to_dict()})
+                    yield TriggerEvent({"reason": reason, "time": now.isoformat(), **payload})
                     return
                 until = not_before  # held: poll again when it may fire
             await asyncio.sleep(max(min(self.poll_interval, (until - now).total_seconds()), 0.0))
