@@ -118,6 +118,11 @@ def test_bad_conditions_are_refused_with_the_field_to_fix(tmp_path):
         SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, market_start="2025-10-11T04:00:00Z")
 
 
+def test_pools_rendered_from_a_template_are_split_at_commas_not_into_letters():
+    sensor = SpotMarketSensor(task_id="wait", market="gcp", pools="us-east4-a, europe-west1-c", price_below=2.0)
+    assert sensor.trigger(datetime.now(timezone.utc)).pools == ["us-east4-a", "europe-west1-c"]
+
+
 def test_the_sensor_defers_at_once_and_returns_the_event():
     from airflow.sdk.exceptions import TaskDeferred
 

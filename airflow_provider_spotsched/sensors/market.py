@@ -21,6 +21,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
 from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
 
@@ -125,7 +126,7 @@ class SpotMarketSensor(BaseSensorOperator):
             }
         return SpotMarketTrigger(
             market=self.market.to_dict(),
-            pools=list(self.pools),
+            pools=list(pool_names(self.pools)),  # a rendered template gives 'a,b'
             conditions=conditions.to_dict(),
             timeout_at=(now + timedelta(seconds=self.timeout)).isoformat(),
             slot_hours=self.slot_hours,
