@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,31 @@ def test_a_job_the_backend_refuses_is_refused_before_anything_is_stored(tmp_path
     with pytest.raises(BackendError, match="have no placement"):
         make_driver(tmp_path, saved)
     assert saved == []
+
+
+def test_a_step_late_by_several_slots_bills_what_ran_through_them_and_decides_only_now(tmp_path):
+    """The slots a late step missed are over: they ran on the allocation in force (capped by each
+    slot's capacity: us-east4-a loses its capacity in slot 2), and nothing is decided or launched
+    for them; only the current slot is decided."""
+    saved: list[dict[str, Any]] = []
+    driver = make_driver(tmp_path, saved, step_s=5.0)
+    try:
+        driver.step()
+        time.sleep(3.5 * driver.run.config.wall_seconds_per_slot)  # every caller down for three slots
+        driver.step()
+        late = driver.slot_at(datetime.now(timezone.utc))
+    finally:
+        driver.release()
+    first, records = driver.run.records[0], driver.run.records
+    assert [r.slot for r in records] == list(range(len(records))) and len(records) - 1 >= 3
+    carried, current = records[1:-1], records[-1]
+    assert carried and all(r.plan is None and r.forecast is None and r.allocation == r.applied for r in carried)
+    for record in carried:
+        in_force = first.applied
+        capped = {p: min(n, record.market[p]["available"]) for p, n in in_force["spot"].items()}
+        assert record.applied["spot"] == {p: n for p, n in capped.items() if n}
+        assert record.applied["on_demand"] == in_force["on_demand"]
+    assert current.slot in (late - 1, late) and current.forecast is not None  # decided, with its forecast
 
 
 def test_the_core_driver_imports_without_airflow():

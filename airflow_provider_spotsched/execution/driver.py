@@ -12,8 +12,10 @@ waits in-process.
 
 The rules a caller must not have to know:
 
-- **catch-up**: a step late by several slots observes and decides every slot it missed, in
-  order, so the bill and the decision log have one entry per slot;
+- **catch-up**: a step late by several slots records the slots it missed as carried (the
+  allocation in force ran on through them, capped by each slot's capacity, and is billed;
+  nothing is decided or launched for a slot that is over) and decides the current one, so the
+  bill and the decision log have one entry per slot, and the bill is what ran;
 - **durable before acting**: the state is handed to ``persist`` after every decision and before
   the backend acts on it, so a restarted caller re-attaches to the same job (nothing launched
   twice) and bills no slot twice;
@@ -262,7 +264,9 @@ class RunDriver:
             boundary = run.started + timedelta(seconds=(self.slot_at(now) + 1) * seconds_per_slot)
             return Wait(boundary=boundary, known_preemptions=status.preemptions, known_failures=self.known_failures,
                         poll_interval=poll_interval)
-        while run.slot < self.slot_at(now):
+        current = self.slot_at(now)
+        self._carry_to(current - 1, now)  # slots that are over ran on what was in force
+        if run.slot < current:
             run.observe(*self.env.market.row(run.slot + 1, run.config.pools, now))
             status = self._decide(now, status)
         run.note_preemptions(status.preemptions, status.preemptions_by_pool)
@@ -337,7 +341,7 @@ class RunDriver:
         while run.records and run.slot < slot:
             work_done = read_work_done(self.training.checkpoint_uri, self.env.locate)
             record = run.pass_unwatched(*self.env.market.row(run.slot + 1, run.config.pools, now), now, work_done)
-            log.info("slot %d: the job ended before anyone stepped; %s ran on", record.slot, record.applied)
+            log.info("slot %d went by with no step; %s ran on", record.slot, record.applied)
 
     def slot_at(self, now: datetime) -> int:
         """The slot in force at ``now`` on the run's clock."""
