@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 import pytest
 
@@ -113,9 +116,13 @@ def test_daily_availability_dips_when_the_price_peaks_and_leaves_the_rest_of_the
         assert kept[hour == trough].mean() == pytest.approx(1.0, abs=0.1)
 
 
-def test_settings_out_of_range_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"\['pools', 'diurnal_amplitude'\]"):
+def test_settings_out_of_range_are_refused_by_name_with_their_range():
+    with pytest.raises(ValueError, match=r"pools=0 \(must be 1 to 26\); diurnal_amplitude=1.5 \(must be in \[0, 1\)\)"):
         SyntheticMarketConfig(pools=0, diurnal_amplitude=1.5)
+    for bad, message in (({"seed": -1}, "seed=-1"), ({"days": 0.005}, "days=0.005"), ({"days": math.inf}, "days=inf"),
+                         ({"days": 1e6}, "at most 3660 days"), ({"tick_minutes": 0}, "tick_minutes=0")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            SyntheticMarketConfig(**bad)
 
 
 def test_spotsched_synth_writes_a_trace_file_and_refuses_bad_settings(tmp_path, capsys):

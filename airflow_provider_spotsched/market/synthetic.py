@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 PLENTY, SCARCE, NONE = 0, 1, 2
+MAX_DAYS = 3660  # ten years of ticks: more is a typo, and would run for minutes
 FLAP_STREAM = 1  # the flapping episodes' random stream, apart from the seed's main one
 CRUNCH_STREAM = 2  # the spreading crunches' random stream
 REGIME_SHARE = {PLENTY: 1.0, SCARCE: 0.25, NONE: 0.0}
@@ -102,29 +103,34 @@ class SyntheticMarketConfig:
     start: datetime = datetime(2026, 1, 5, tzinfo=timezone.utc)
 
     def __post_init__(self) -> None:
-        checks = {
-            "pools": 1 <= self.pools <= 26,
-            "days": self.days > 0,
-            "tick_minutes": 0 < self.tick_minutes <= 60,
-            "capacity": self.capacity >= 1,
-            "on_demand_price": self.on_demand_price > 0,
-            "spot_discount": 0 < self.spot_discount < 1,
-            "mean_regime_hours": self.mean_regime_hours > 0,
-            "shock_rate_per_day": self.shock_rate_per_day >= 0,
-            "diurnal_amplitude": 0 <= self.diurnal_amplitude < 1,
-            "collapses_per_week": self.collapses_per_week >= 0,
-            "collapse_hours": 0 < self.collapse_hours[0] <= self.collapse_hours[1],
-            "flap_episodes_per_day": self.flap_episodes_per_day >= 0,
-            "flap_hours": 0 < self.flap_hours[0] <= self.flap_hours[1],
-            "crunches_per_day": self.crunches_per_day >= 0,
-            "crunch_hours": self.crunch_hours >= 1,
-            "crunch_spread": 0 <= self.crunch_spread <= 1,
-            "crunch_hit_hours": 0 < self.crunch_hit_hours[0] <= self.crunch_hit_hours[1],
-            "daily_availability": 0 <= self.daily_availability < 1,
+        checks = {  # setting: (within range, the range)
+            "seed": (isinstance(self.seed, int) and self.seed >= 0, "a whole number >= 0"),
+            "pools": (1 <= self.pools <= 26, "1 to 26"),
+            "tick_minutes": (0 < self.tick_minutes <= 60, "in (0, 60]"),
+            "days": (
+                math.isfinite(self.days) and 0 < self.days <= MAX_DAYS
+                and (not 0 < self.tick_minutes <= 60 or self.days * 24 * 60 / self.tick_minutes >= 2),
+                f"at least two ticks and at most {MAX_DAYS} days",
+            ),
+            "capacity": (self.capacity >= 1, ">= 1"),
+            "on_demand_price": (self.on_demand_price > 0, "> 0"),
+            "spot_discount": (0 < self.spot_discount < 1, "in (0, 1)"),
+            "mean_regime_hours": (self.mean_regime_hours > 0, "> 0"),
+            "shock_rate_per_day": (self.shock_rate_per_day >= 0, ">= 0"),
+            "diurnal_amplitude": (0 <= self.diurnal_amplitude < 1, "in [0, 1)"),
+            "collapses_per_week": (self.collapses_per_week >= 0, ">= 0"),
+            "collapse_hours": (0 < self.collapse_hours[0] <= self.collapse_hours[1], "0 < shortest <= longest"),
+            "flap_episodes_per_day": (self.flap_episodes_per_day >= 0, ">= 0"),
+            "flap_hours": (0 < self.flap_hours[0] <= self.flap_hours[1], "0 < shortest <= longest"),
+            "crunches_per_day": (self.crunches_per_day >= 0, ">= 0"),
+            "crunch_hours": (self.crunch_hours >= 1, ">= 1"),
+            "crunch_spread": (0 <= self.crunch_spread <= 1, "in [0, 1]"),
+            "crunch_hit_hours": (0 < self.crunch_hit_hours[0] <= self.crunch_hit_hours[1], "0 < shortest <= longest"),
+            "daily_availability": (0 <= self.daily_availability < 1, "in [0, 1)"),
         }
-        wrong = [name for name, ok in checks.items() if not ok]
+        wrong = [f"{name}={getattr(self, name)!r} (must be {allowed})" for name, (ok, allowed) in checks.items() if not ok]
         if wrong:
-            raise ValueError(f"synthetic market setting(s) {wrong} out of range: see SyntheticMarketConfig's docstring")
+            raise ValueError(f"synthetic market setting(s) out of range: {'; '.join(wrong)}")
         if self.start.tzinfo is None:
             raise ValueError("start must be a UTC datetime (with tzinfo)")
 
