@@ -75,6 +75,7 @@ class ReplayedMarket(MarketFeed):
 
     def __init__(self, trace: Trace, slot_hours: float, history_slots: int, start: datetime | None = None) -> None:
         first = datetime.fromtimestamp(trace.first_time, timezone.utc)
+        chosen = start is not None
         start = start or first + timedelta(hours=history_slots * slot_hours)
         origin = start - timedelta(hours=history_slots * slot_hours)
         if origin < first:
@@ -86,6 +87,12 @@ class ReplayedMarket(MarketFeed):
         self.history_slots = history_slots
         self.market: SlotMarket = resample(trace, origin, slot_hours)
         if self.market.num_slots <= history_slots:
+            if not chosen:  # the default start is history_slots into the trace: the trace is too short
+                total = resample(trace, first, slot_hours).num_slots
+                raise ValueError(
+                    f"{trace.source} holds {total} slot(s) of {slot_hours:g} h; a replay needs more than "
+                    f"history_slots={history_slots} of them: give a smaller history_slots (--history-slots) or a longer trace"
+                )
             raise ValueError(f"market_start {format_timestamp(start)} lies at the end of {trace.source}; choose an earlier one")
 
     def history(self, now: datetime) -> SlotMarket:
