@@ -173,10 +173,14 @@ def test_prediction_free_parameters_label_and_registry():
     policy = make_policy("prediction-free", {"price_threshold": 0.5, "safety_slots": 2})
     assert policy.params() == {"price_threshold": 0.5, "safety_slots": 2.0}
     assert policy.label == "prediction-free(price_threshold=0.5,safety_slots=2.0)"
-    with pytest.raises(ValueError, match="price_threshold must be > 0"):
+    with pytest.raises(ValueError, match="price_threshold must be a number > 0"):
         PredictionFreePolicy(price_threshold=0.0)
-    with pytest.raises(ValueError, match="safety_slots must be >= 0"):
+    with pytest.raises(ValueError, match="safety_slots must be a number >= 0"):
         PredictionFreePolicy(safety_slots=-1.0)
+    with pytest.raises(ValueError, match="safety_slots must be a number >= 0.*got 'x'"):
+        PredictionFreePolicy(safety_slots="x")  # type: ignore[arg-type]  # a --param from a command line
+    with pytest.raises(ValueError, match="spot_premium must be a number >= 0"):
+        PredictionFreePolicy(spot_premium=float("inf"))
     with pytest.raises(ValueError, match="takes no parameter"):
         make_policy("prediction-free", {"threshold": 0.5})
 

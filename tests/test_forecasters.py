@@ -115,8 +115,12 @@ def test_oracle_refuses_to_answer_before_reveal_or_off_the_revealed_market():
         oracle.forecast(shifted.prefix(7), 2)
     with pytest.raises(ValueError, match="does not match the revealed market"):
         oracle.forecast(make_market([[1.0]] * 6, [[1]] * 6), 2)
-    with pytest.raises(ValueError, match="error must be >= 0"):
+    with pytest.raises(ValueError, match="error must be a finite number >= 0"):
         OracleForecaster(error=-0.1)
+    with pytest.raises(ValueError, match="error must be a finite number >= 0"):
+        OracleForecaster(error=float("inf"))
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        OracleForecaster(seed=-1)
 
 
 def test_an_oracle_with_a_lead_sees_that_far_and_holds_the_last_slot_it_saw():

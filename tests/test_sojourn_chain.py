@@ -90,9 +90,9 @@ def test_the_forecaster_is_built_by_name_and_refuses_a_bad_prior_by_name():
     forecaster = make_forecaster("sojourn-chain", {"prior": 4, "smoothing": 0.5})
     assert isinstance(forecaster, SojournChainForecaster)
     assert forecaster.params()["prior"] == 4.0 and forecaster.params()["smoothing"] == 0.5
-    with pytest.raises(ValueError, match="prior must be a number > 0"):
+    with pytest.raises(ValueError, match="prior must be a finite number > 0"):
         make_forecaster("sojourn-chain", {"prior": 0})
-    with pytest.raises(ValueError, match="smoothing must be a number > 0"):
+    with pytest.raises(ValueError, match="smoothing must be a finite number > 0"):
         make_forecaster("sojourn-chain", {"smoothing": True})
     counts = semi_markov_counts(np.random.default_rng(6), 80).reshape(-1, 1)
     forecast = forecaster.forecast(make_market(np.full((80, 1), 1.5), counts), 4)

@@ -117,6 +117,8 @@ class AutoForecaster(SeriesForecaster):
                 f"persistence; 0: no test), got {significance!r}"
             )
         self.significance = float(significance)
+        if isinstance(bucket_ends, (str, bytes)) or not isinstance(bucket_ends, Sequence):
+            raise ValueError(f"bucket_ends must be a list of increasing integers >= 1, got {bucket_ends!r}")
         ends = list(bucket_ends)
         if any(isinstance(e, bool) or not isinstance(e, (int, np.integer)) for e in ends) or any(
             b <= a for a, b in zip([0, *ends], ends)

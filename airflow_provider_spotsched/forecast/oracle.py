@@ -17,6 +17,7 @@ realised market (docs/evaluation.md, "What knowing a drop ahead is worth").
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -36,13 +37,15 @@ class OracleForecaster(Forecaster):
     uses_future = True
 
     def __init__(self, error: float = 0.0, seed: int = 0, lead: int | None = None, reveals: Reveals = "all") -> None:
-        if not error >= 0:
-            raise ValueError(f"error must be >= 0 (relative forecast error), got {error}")
+        if isinstance(error, bool) or not isinstance(error, (int, float)) or not 0 <= error < math.inf:
+            raise ValueError(f"error must be a finite number >= 0 (relative forecast error), got {error!r}")
         if lead is not None and (isinstance(lead, bool) or not isinstance(lead, (int, np.integer)) or lead < 0):
             raise ValueError(f"lead must be an integer >= 0 (slots the oracle sees ahead) or null (all of them), got {lead!r}")
         if reveals not in REVEALS:
             raise ValueError(f"reveals must be one of {REVEALS} (which part of the future the oracle knows), got {reveals!r}")
         self.error = float(error)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0 (the noise's random seed), got {seed!r}")
         self.seed = int(seed)
         self.lead = None if lead is None else int(lead)
         self.reveals = reveals

@@ -32,6 +32,7 @@ import copy
 import functools
 import hashlib
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -157,9 +158,9 @@ def check_history(past: SlotMarket) -> None:
 
 
 def check_positive(name: str, value: Any, meaning: str) -> float:
-    """``value`` as a float if it is a number > 0, else a clear error."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0 ({meaning}), got {value!r}")
+    """``value`` as a float if it is a finite number > 0, else a clear error."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0 ({meaning}), got {value!r}")
     return float(value)
 
 
