@@ -71,6 +71,8 @@ def test_unknown_and_missing_columns(tmp_path):
         load_trace(write(tmp_path, "", header="timestamp,market,price,available,on_demand_price\n"))
     with pytest.raises(TraceError, match=r"missing column\(s\) \['on_demand_price'\]"):
         load_trace(write(tmp_path, "", header="timestamp,market,spot_price,available\n"))
+    with pytest.raises(TraceError, match=r"column\(s\) \['market'\] given twice"):
+        load_trace(write(tmp_path, "", header="timestamp,market,spot_price,available,on_demand_price,market\n"))
 
 
 def test_empty_file_duplicate_ticks_and_missing_file(tmp_path):

@@ -129,6 +129,9 @@ def _read_rows(reader: Iterator[list[str]], source: str) -> Trace:
     missing = [c for c in COLUMNS if c not in header]
     if missing:
         raise TraceError(f"{source}, line 1: missing column(s) {missing}; the header must be {','.join(COLUMNS)}")
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        raise TraceError(f"{source}, line 1: column(s) {twice} given twice; the header must be {','.join(COLUMNS)}")
     index = {c: header.index(c) for c in COLUMNS}
     rows: dict[str, list[tuple[float, float, int, float]]] = {}
     for line, row in enumerate(reader, start=2):
