@@ -139,3 +139,10 @@ def test_credentials_on_the_command_line_or_in_the_checkpoint_uri_are_refused():
     harmless = TrainingJob("job-1", ("python3", "train.py", "--max-new-tokens", "256", "MAX_STEPS=10"), "gs://b/run",
                            ("a",), env={"TOKENIZERS_PARALLELISM": "false"})
     assert "export TOKENIZERS_PARALLELISM=false" in startup_script(harmless, "gcp")
+
+
+@pytest.mark.parametrize("job_id", ["", "..", ".", "a/b", "job id"])
+def test_a_job_id_that_is_no_safe_tag_or_directory_name_is_refused(job_id):
+    with pytest.raises(ValueError, match="must be non-empty and use only letters, digits"):
+        TrainingJob(job_id, ("train",), "ckpt", ("a",))
+    TrainingJob("dag.train__run-1.0", ("train",), "ckpt", ("a",))  # dots among other characters are fine

@@ -96,10 +96,10 @@ class TrainingJob:
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.job_id or not all(c.isalnum() or c in "-_." for c in self.job_id):
+        if not self.job_id or not all(c.isalnum() or c in "-_." for c in self.job_id) or set(self.job_id) == {"."}:
             raise ValueError(
-                f"job_id {self.job_id!r} must be non-empty and use only letters, digits, '-', '_' and '.'"
-                " (it becomes a cloud tag or label)"
+                f"job_id {self.job_id!r} must be non-empty and use only letters, digits, '-', '_' and '.', not dots"
+                " alone (it becomes a cloud tag or label, and a directory name)"
             )
         if not self.command:
             raise ValueError("command is empty: give the training entry point and its arguments")
