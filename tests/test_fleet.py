@@ -22,7 +22,10 @@ from airflow_provider_spotsched.simulation.fleet import (
 from airflow_provider_spotsched.simulation.fleet_page import (
     MAX_SELECTOR_CHARTS,
     FleetFilters,
+    chart_svg,
+    preemptions_chart,
     render_fleet_page,
+    selector_chart,
 )
 from airflow_provider_spotsched.simulation.run_report import run_path
 from tests.fleet_samples import CONTEXTS, MEMBERS, NEWER_KEYS, result_variant, selector_document
@@ -214,6 +217,16 @@ def test_the_selector_view_keeps_weights_but_no_job_ids():
         assert kind["weights"][member] == pytest.approx(
             [e["weights"][member] for e in document["history"] if e["context"] == CONTEXTS[0]])
     assert "secret" not in json.dumps(view)
+
+
+def test_charts_draw_a_dollar_in_a_member_or_pool_name_as_typed():
+    """matplotlib reads $...$ as maths, and fails on what it cannot parse: names are drawn literally."""
+    view = selector_view("spotsched_selector", json.dumps({"history": [
+        {"context": "k", "round": 1, "weights": {"chc": 0.5, "price $\\x$": 0.5}, "member": "chc"}]}))
+    assert "price $\\x$" in chart_svg(selector_chart, view["contexts"][0])
+    pool = "zone-$\\q$"
+    svg = chart_svg(preemptions_chart, {"by_pool": {pool: 2}, "by_region": {region_of(pool): 2}})
+    assert pool in svg
 
 
 @pytest.mark.parametrize("text, status, words", [

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from airflow_provider_spotsched.simulation.fleet import parse_bound, region_of, utc
-from airflow_provider_spotsched.simulation.run_charts import ON_DEMAND_COLOUR, figure_svg
+from airflow_provider_spotsched.simulation.run_charts import ON_DEMAND_COLOUR, figure_svg, literal
 from airflow_provider_spotsched.simulation.run_report import run_path
 
 MAX_SELECTOR_CHARTS = 4  # kinds of job whose weights are drawn (the most recently learnt); all are tabled
@@ -75,10 +75,10 @@ def preemptions_chart(preemptions: Mapping[str, Any]) -> Figure:
     figure = Figure(figsize=(10, 1.2 + 0.32 * rows), layout="constrained")
     left, right = figure.subplots(1, 2, width_ratios=(3, 2))
     pools = list(by_pool)[::-1]
-    left.barh(pools, [by_pool[p] for p in pools], color=[colour[region_of(p)] for p in pools])
+    left.barh([literal(p) for p in pools], [by_pool[p] for p in pools], color=[colour[region_of(p)] for p in pools])
     left.set_title("per pool (zone)", fontsize="medium")
     names = regions[::-1]
-    right.barh(names, [by_region[r] for r in names], color=[colour[r] for r in names])
+    right.barh([literal(r) for r in names], [by_region[r] for r in names], color=[colour[r] for r in names])
     right.set_title("rolled up per region", fontsize="medium")
     for ax in (left, right):
         ax.set_xlabel("preemptions")
@@ -95,7 +95,7 @@ def selector_chart(kind: Mapping[str, Any]) -> Figure:
     rounds = kind["rounds"]
     for i, member in enumerate(kind["members"]):
         values = [math.nan if w is None else w for w in kind["weights"][member]]
-        ax.plot(rounds, values, marker="." if len(rounds) <= MARKED_ROUNDS else None, color=colours(i % 10), label=member)
+        ax.plot(rounds, values, marker="." if len(rounds) <= MARKED_ROUNDS else None, color=colours(i % 10), label=literal(member))
     played = [(r, kind["weights"][m][j]) for j, (r, m) in enumerate(zip(rounds, kind["played"]))
               if m in kind["weights"] and kind["weights"][m][j] is not None]
     if played:

@@ -92,6 +92,12 @@ def _count(allocation: Mapping[str, Any] | None) -> float:
     return float(sum(allocation["spot"].values()) + allocation["on_demand"])
 
 
+def literal(text: str) -> str:
+    """``text`` drawn as typed: a ``$`` in a pool or member name starts no mathtext (which would
+    fail to parse, or draw something else)."""
+    return text.replace("$", r"\$")
+
+
 def figure_svg(figure: Figure) -> str:
     """The figure as an ``<svg>`` element to inline in HTML (no XML prolog, text kept as text).
 
@@ -157,7 +163,7 @@ def instances_over_time(series: RunSeries) -> Figure:
     layers.append(("on-demand", series.on_demand(), ON_DEMAND_COLOUR, "//"))
     for label, values, colour, hatch in layers:
         ax.bar(series.hours, np.nan_to_num(values), width=series.slot_hours, bottom=bottom, align="edge",
-               color=colour, hatch=hatch, edgecolor="white", linewidth=0.5, label=label)
+               color=colour, hatch=hatch, edgecolor="white", linewidth=0.5, label=literal(label))
         bottom += np.nan_to_num(values)
     pending = series.hours[np.isnan(series.on_demand())]
     if len(pending):
