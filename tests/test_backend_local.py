@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from airflow_provider_spotsched.backends.base import (
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.local import LocalBackend
-from airflow_provider_spotsched.backends.local_processes import marked
+from airflow_provider_spotsched.backends.local_processes import JOBDIR_MARKER, marked, signal_group
 from airflow_provider_spotsched.backends.market_clock import AWS_NOTICE_SECONDS, MarketClock
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.slots import SlotMarket
@@ -288,6 +289,41 @@ def test_a_killed_supervisor_is_reported_and_replaced_by_reconcile(make_harness)
     status = h.wait_running(2)
     assert len(status.instances) == 2  # the same instances, adopted, not new ones
     assert sorted(e["world_size"] for e in h.started(h.running_ids())) == [2, 2]
+
+
+def test_a_worker_no_record_knows_is_ended_when_a_new_supervisor_takes_over(make_harness):
+    """A supervisor killed between starting a worker and recording it leaves that worker running
+    unseen (here: a process with the job's marker that no record names); the next supervisor
+    ends it instead of training a second worker beside it."""
+    h = make_harness([[2, 2]])
+    h.backend.reconcile(h.job, Allocation((1, 0), 0))
+    h.wait_running(1)
+    os.kill(h.supervisor()["pid"], signal.SIGKILL)
+    wait_for("the supervisor to die", lambda: not h.backend.supervisor_running(h.job))
+    hidden = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                              env={**os.environ, JOBDIR_MARKER: h.jobdir})
+    try:
+        h.backend.reconcile(h.job, Allocation((1, 0), 0))
+        wait_for("the unrecorded worker to be ended", lambda: hidden.poll() is not None)
+        h.wait_running(1)
+        assert hidden.pid not in {p.pid for p in marked(h.jobdir)}
+    finally:
+        hidden.kill()
+        hidden.wait()
+
+
+def test_a_left_behind_child_that_leads_no_process_group_is_still_signalled():
+    """A worker's child outlives the worker (its parent was killed): it is in the dead leader's
+    group, so a signal to its own group would miss it."""
+    shell = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
+    wait_for("the shell's child", lambda: bool(psutil.Process(shell.pid).children()))
+    (child,) = psutil.Process(shell.pid).children()
+    shell.kill()
+    shell.wait()
+    assert os.getpgid(child.pid) != child.pid
+    signal_group(child.pid, child.create_time(), signal.SIGTERM)
+    gone, _ = psutil.wait_procs([child], timeout=10)
+    assert gone
 
 
 def test_a_supervisor_told_to_stop_ends_its_workers_and_reconcile_resumes_them(make_harness):

@@ -40,8 +40,9 @@ def is_alive(pid: int | None, started: float | None) -> bool:
 
 
 def signal_group(pid: int, started: float | None, signum: int) -> None:
-    """Send ``signum`` to the process group led by ``pid``, if that process is still ours, and to each of
-    its descendants: torchrun starts its workers in sessions of their own, out of the group's reach."""
+    """Send ``signum`` to the process group led by ``pid`` (or to ``pid`` alone if it leads none), if
+    that process is still ours, and to each of its descendants: torchrun starts its workers in
+    sessions of their own, out of the group's reach."""
     if not is_alive(pid, started):
         return
     try:
@@ -49,7 +50,10 @@ def signal_group(pid: int, started: float | None, signum: int) -> None:
     except psutil.Error:
         descendants = []
     try:
-        os.killpg(pid, signum)
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:  # not a group leader (a worker's child left behind by its parent): signal it alone
+            os.kill(pid, signum)
     except ProcessLookupError:
         return
     except PermissionError:

@@ -36,14 +36,18 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from airflow_provider_spotsched.backends.base import ON_DEMAND, InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local_jobdir import JobDir, JobState, WorkerRecord, read_json, tail
 from airflow_provider_spotsched.backends.local_processes import (
     JOB_ID_MARKER,
     JOBDIR_MARKER,
     create_time,
+    end_all,
     free_port,
     is_alive,
+    marked,
     signal_group,
 )
 from airflow_provider_spotsched.backends.market_clock import MarketClock
@@ -71,6 +75,7 @@ class Supervisor:
     def run(self) -> None:
         adopted = False
         try:
+            self.end_strays()
             while True:
                 with self.jobdir.lock():
                     state = self.jobdir.load()
@@ -91,6 +96,30 @@ class Supervisor:
         except BaseException as exc:
             self.abort(exc)
             raise
+
+    def end_strays(self) -> None:
+        """End the processes that carry this job's marker and that no record knows.
+
+        A supervisor that died between starting a worker and recording it (killed, out of memory)
+        leaves that worker running unseen; this one would start another for the same instance,
+        and both would train on one checkpoint. A recorded worker and its children are left to
+        the loop, which adopts or replaces them as before.
+        """
+        with self.jobdir.lock():
+            state = self.jobdir.load()
+            known = {os.getpid()}
+            for record in state.with_process() if state is not None else []:
+                if record.pid is not None and is_alive(record.pid, record.started):
+                    known.add(record.pid)
+                    try:
+                        known.update(child.pid for child in psutil.Process(record.pid).children(recursive=True))
+                    except psutil.Error:
+                        continue
+        strays = [process for process in marked(str(self.jobdir.path)) if process.pid not in known]
+        if strays:
+            print(f"spotsched-supervisor: ending {len(strays)} process(es) of this job that no record knows: "
+                  f"{sorted(process.pid for process in strays)}", file=sys.stderr)
+            end_all(strays, self.stop_timeout_s)
 
     def tick(self, state: JobState, now: float) -> bool:
         """One pass of the loop; True when nothing is wanted and nothing runs."""
