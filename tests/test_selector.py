@@ -432,6 +432,21 @@ def test_a_masked_learner_is_hedge_over_its_active_members():
         masked.learn_bandit(1, 0.5, 0.5)
 
 
+@pytest.mark.parametrize("algorithm", ["hedge", "exp3"])
+def test_a_learner_with_one_active_member_plays_it_under_either_algorithm(algorithm):
+    """EXP3's rate sqrt(ln k / (t k)) is 0 for k = 1: the masked members then got NaN weights
+    (0 * inf) and a full-information round divided by it."""
+    learner = ExponentialWeights(2, algorithm=algorithm, active=[False, True])
+    for _ in range(3):
+        assert learner.probabilities().tolist() == [0.0, 1.0]
+        learner.learn_full(np.array([0.3, 0.6]))
+    assert learner.choose(0.99) == (1, 1.0)
+    learner.learn_bandit(1, 0.6, 1.0)
+    selector = SelectorPolicy([{"policy": "skynomad"}, {"policy": "greedy"}], algorithm="exp3", warm_up_rounds=1)
+    simulate(selector, make_job(), job_market(60, 10))  # N_max 2: greedy alone can run it
+    assert selector.playing == selector.labels[1]
+
+
 def test_a_restored_selector_keeps_single_instance_members_out_of_multi_instance_kinds():
     selector = SelectorPolicy(SINGLE_POOL, warm_up_rounds=1)
     multi = make_job()

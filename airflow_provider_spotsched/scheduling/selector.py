@@ -143,10 +143,10 @@ class ExponentialWeights:
     def eta(self) -> float:
         """The learning rate of the next round (``inf``: follow the leaders)."""
         k = int(self.active.sum())
+        if k == 1:  # a lone member: nothing to learn, every rate plays it (EXP3's formula would give 0)
+            return math.inf
         if self.algorithm == "exp3":
             return math.sqrt(math.log(k) / ((self.rounds + 1) * k))
-        if k == 1:  # a lone member: nothing to learn, every rate plays it
-            return math.inf
         return math.log(k) / self.mixability_gap if self.mixability_gap > 0 else math.inf
 
     def probabilities(self) -> np.ndarray:
