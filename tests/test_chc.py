@@ -14,6 +14,7 @@ from airflow_provider_spotsched.scheduling.policies.chc import DEFAULT_EARLY_PRE
 from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.replay import job_market, simulate
 from airflow_provider_spotsched.scheduling.rules import is_deadline_safe
+from airflow_provider_spotsched.scheduling.true_throughput import TrueThroughput
 from tests.markets import make_job, make_market, whole
 
 
@@ -181,3 +182,17 @@ def test_supply_curve_offers_n_max_instances_per_slot_cheapest_first():
     # slot 0: pool 0 ($1) then on-demand ($3); slot 1: pool 1 ($1.5) then pool 0 ($5 > $3 skipped: on-demand)
     assert np.allclose(work, [1.5, 1.0, 1.5, 1.0])
     assert np.allclose(price, [1.0 / 1.5, 3.0, 1.5 / 1.5, 3.0])
+
+
+@pytest.mark.parametrize("spot_price", [0.0, 1.0])
+def test_an_instance_that_adds_no_work_alone_prices_no_terminal_work(spot_price):
+    """H(1) = 0 (beta = -alpha: one instance alone does nothing) gave its units a price of 0/0 or
+    1/0; a job running behind its plan then planned on a NaN terminal price and CHC raised."""
+    job = make_job(work=11.0, deadline_hours=12.0, min_instances=2, max_instances=3, throughput=Throughput(0.5, -0.5),
+                   hard_deadline_factor=2.0)
+    unit_price, unit_work = supply_curve(job, np.array([[spot_price]]), np.array([[3]]), 3.0)
+    assert unit_price[0] == np.inf and unit_work[0] == 0.0 and np.isfinite(unit_price[1:]).all()
+    market = make_market([[spot_price]] * job.horizon_slots, [[3]] * job.horizon_slots, 3.0)
+    result = simulate(make_policy("chc", {"forecaster": "persistence", "window": 6, "commit": 2}), job, whole(market),
+                      TrueThroughput(0.9))  # 10% slower than declared: behind the plan all along
+    assert result.outcome.completion_hours is not None

@@ -197,7 +197,10 @@ class CHCPolicy(Policy):
 
     def _plan(self, observation: Observation) -> tuple[list[Allocation], list[np.ndarray]]:
         """Solve the window from now: the committed allocations and the capacity each counted on."""
-        request, held = self._window(observation)
+        try:
+            request, held = self._window(observation)
+        except PlanError:  # a window no plan can be asked for (e.g. a forecast gap): the fallback
+            return [on_demand_fallback(observation.job, observation.past.num_pools)], [np.full(observation.past.num_pools, np.inf)]
         # Where the forecast leaves no plan within a guard's bound, plan without it: the guard
         # then overrules, slot by slot, what would break the bound.
         attempts = [request] if request.cost_limit is None else [request, replace(request, cost_limit=None)]
@@ -290,7 +293,9 @@ class CHCPolicy(Policy):
             return fallback_unit_price(job, on_demand)
         unit_price, unit_work = supply_curve(job, price[:rows], available[:rows], on_demand)
         unit_work[-job.max_instances :] *= min(slots_left - (rows - 1), 1.0)  # the last slot may end after d
-        order = np.argsort(unit_price, kind="stable")
+        order = [i for i in np.argsort(unit_price, kind="stable") if math.isfinite(unit_price[i])]
+        if not order:  # no instance adds work on its own (H(1) <= 0 and nothing more offered)
+            return fallback_unit_price(job, on_demand)
         bought = np.cumsum(unit_work[order])
         last = int(np.searchsorted(bought, observation.remaining_work - WORK_EPSILON))
         return float(unit_price[order][min(last, len(order) - 1)])
@@ -317,4 +322,6 @@ def supply_curve(
         spot = np.repeat(row_price, counts.spot)
         hourly[t] = np.concatenate([np.sort(spot), np.full(counts.on_demand, on_demand_price)])
     added = np.diff([job.rate(k) for k in range(n_max + 1)])
-    return (hourly / added).ravel(), np.tile(added * job.slot_hours, len(hourly))
+    # An instance that adds no work (H(1) <= 0 with beta <= -alpha) buys none: its price is inf.
+    unit_price = np.divide(hourly, added, out=np.full_like(hourly, np.inf), where=added > 0)
+    return unit_price.ravel(), np.tile(np.maximum(added, 0.0) * job.slot_hours, len(hourly))
