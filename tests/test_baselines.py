@@ -206,7 +206,7 @@ def test_prediction_free_spot_premium_runs_ahead_only_on_the_cheapest_offers():
     assert plain.allocations[0] == Allocation((1, 1), 0)
     assert thrifty.allocations[0] == Allocation((1, 0), 0), "ahead of need, only pools within 10% of the cheapest"
     assert thrifty.outcome.cost < plain.outcome.cost and not thrifty.outcome.soft_miss
-    with pytest.raises(ValueError, match="spot_premium must be >= 0"):
+    with pytest.raises(ValueError, match="spot_premium must be a number >= 0"):
         make_policy("prediction-free", {"spot_premium": -1})
 
 
