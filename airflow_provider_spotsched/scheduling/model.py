@@ -159,6 +159,11 @@ def shown(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def is_number(value: object) -> bool:
+    """A finite int or float: a bool, text (a command-line value), NaN or infinity is not."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def as_number(name: str, value: object) -> float:
     """``value`` as a float, refusing what only looks like a number: a bool, text, NaN, infinity."""
     if isinstance(value, str):

@@ -31,7 +31,7 @@ import numpy as np
 
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.scheduling.guard import DEFAULT_GUARD
-from airflow_provider_spotsched.scheduling.model import Allocation, Job
+from airflow_provider_spotsched.scheduling.model import Allocation, Job, is_number
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.replay import DEFAULT_LOOKBACK_HOURS, JobMarket, simulate
@@ -672,7 +672,7 @@ def _read_current(current: Any, labels: Sequence[str]) -> Round | None:
     if (
         not isinstance(current, Mapping)
         or current.get("member") not in labels
-        or not _is_number(current.get("probability"))
+        or not is_number(current.get("probability"))
         or not 0.0 < current["probability"] <= 1.0
     ):
         raise SelectorStateError(
@@ -712,11 +712,11 @@ def _read_learner(context: str, learned: Any, labels: Sequence[str], algorithm: 
             f"got keys {sorted(losses) if isinstance(losses, Mapping) else losses!r}"
         )
     values = [losses[label] for label in labels]
-    if not all(_is_number(v) and v >= 0 for v in values):
+    if not all(is_number(v) and v >= 0 for v in values):
         raise SelectorStateError(f"{where}: 'cumulative_loss' holds a value that is not a finite number >= 0: {values}")
     if not _is_count(learned["rounds"]):
         raise SelectorStateError(f"{where}: 'rounds' must be an integer >= 0, got {learned['rounds']!r}")
-    if not (_is_number(learned["mixability_gap"]) and learned["mixability_gap"] >= 0):
+    if not (is_number(learned["mixability_gap"]) and learned["mixability_gap"] >= 0):
         raise SelectorStateError(f"{where}: 'mixability_gap' must be a number >= 0, got {learned['mixability_gap']!r}")
     learner = ExponentialWeights(len(labels), algorithm)
     learner.cumulative_loss = np.asarray(values, dtype=float)
@@ -729,5 +729,3 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 0)  # np.bool_ for numpy ints
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -293,8 +293,9 @@ class CHCPolicy(Policy):
             return fallback_unit_price(job, on_demand)
         unit_price, unit_work = supply_curve(job, price[:rows], available[:rows], on_demand)
         unit_work[-job.max_instances :] *= min(slots_left - (rows - 1), 1.0)  # the last slot may end after d
-        order = [i for i in np.argsort(unit_price, kind="stable") if math.isfinite(unit_price[i])]
-        if not order:  # no instance adds work on its own (H(1) <= 0 and nothing more offered)
+        order = np.argsort(unit_price, kind="stable")
+        order = order[np.isfinite(unit_price[order])]  # an instance that adds no work buys none
+        if not order.size:  # H(1) <= 0 and nothing more offered
             return fallback_unit_price(job, on_demand)
         bought = np.cumsum(unit_work[order])
         last = int(np.searchsorted(bought, observation.remaining_work - WORK_EPSILON))

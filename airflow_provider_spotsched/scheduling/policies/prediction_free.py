@@ -29,10 +29,9 @@ the pool of variants that the policy selector learns from.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job
+from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, is_number
 from airflow_provider_spotsched.scheduling.policies.safety_net import SafetyNetPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
 from airflow_provider_spotsched.scheduling.rules import (
@@ -58,11 +57,6 @@ def unit_price(observation: Observation, allocation: Allocation, overhead: float
     return hourly * job.slot_hours / ((job.slot_hours - overhead) * job.rate(allocation.total))
 
 
-def _is_number(value: object) -> bool:
-    """A finite int or float (a bool or a string from a command line is not)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 class PredictionFreePolicy(SafetyNetPolicy):
     """Cheap spot, paced by the progress still needed, with an on-demand fallback."""
 
@@ -71,11 +65,11 @@ class PredictionFreePolicy(SafetyNetPolicy):
     def __init__(
         self, price_threshold: float = 0.7, safety_slots: float = 1.0, spot_premium: float | None = None
     ) -> None:
-        if not _is_number(price_threshold) or not price_threshold > 0:
+        if not is_number(price_threshold) or not price_threshold > 0:
             raise ValueError(f"price_threshold must be a number > 0 (a share of the on-demand price), got {price_threshold!r}")
-        if not _is_number(safety_slots) or not safety_slots >= 0:
+        if not is_number(safety_slots) or not safety_slots >= 0:
             raise ValueError(f"safety_slots must be a number >= 0 (slots kept in reserve), got {safety_slots!r}")
-        if spot_premium is not None and (not _is_number(spot_premium) or not spot_premium >= 0):
+        if spot_premium is not None and (not is_number(spot_premium) or not spot_premium >= 0):
             raise ValueError(
                 f"spot_premium must be a number >= 0 (a share above the cheapest spot price) or null, got {spot_premium!r}"
             )
