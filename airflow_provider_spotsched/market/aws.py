@@ -100,7 +100,7 @@ class AwsSpotMarketSource(MarketSource):
                 zone, prices.get(zone, []), self.on_demand_price, signals.get(zone, []),
                 first, last, self.tick_seconds, self.signal_ttl,
             )
-        return trace_from_ticks(ticks, source=f"aws:{self.region}:{self.instance_type}")
+        return trace_from_ticks(ticks, source=f"aws:{self.region}:{self.instance_type}", grid_seconds=self.tick_seconds)
 
     def price_changes(self, start: datetime, end: datetime) -> dict[str, list[tuple[float, float]]]:
         """Per zone, the spot price changes in the window as (epoch seconds, USD/h), time-sorted;

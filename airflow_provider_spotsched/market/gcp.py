@@ -142,7 +142,7 @@ class GcpSpotMarketSource(MarketSource):
                 zone, [(first, price.spot)], price.on_demand, grouped.get(zone, []),
                 first, last, self.tick_seconds, self.signal_ttl,
             )
-        return trace_from_ticks(ticks, source=f"gcp:{self.machine_type}")
+        return trace_from_ticks(ticks, source=f"gcp:{self.machine_type}", grid_seconds=self.tick_seconds)
 
     def prices(self) -> dict[str, MachinePrices]:
         """Per region, the machine type's spot and on-demand price (cached for ``price_refresh``)."""

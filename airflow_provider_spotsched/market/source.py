@@ -92,7 +92,9 @@ class CombinedMarketSource(MarketSource):
             if clash:
                 raise TraceError(f"pool(s) {clash} come from two sources; give each pool to one source only")
             pools.update(trace.pools)
-        return Trace(" + ".join(t.source for t in traces), pools)
+        grids = [t.grid_seconds for t in traces]
+        grid = None if None in grids else max(g for g in grids if g is not None)
+        return Trace(" + ".join(t.source for t in traces), pools, grid)
 
 
 def check_window(start: datetime, end: datetime) -> tuple[float, float]:
@@ -120,7 +122,7 @@ def clip(trace: Trace, start: datetime, end: datetime) -> Trace:
                 available=series.available[keep],
                 on_demand_price=series.on_demand_price[keep],
             )
-    return Trace(trace.source, pools)
+    return Trace(trace.source, pools, trace.grid_seconds)
 
 
 def trace_ticks(trace: Trace) -> Iterator[Tick]:
@@ -137,8 +139,9 @@ def trace_ticks(trace: Trace) -> Iterator[Tick]:
             )
 
 
-def trace_from_ticks(ticks: Iterable[Tick], source: str) -> Trace:
-    """Checked ticks as a trace; two ticks of one pool at one time are an error."""
+def trace_from_ticks(ticks: Iterable[Tick], source: str, grid_seconds: float | None = None) -> Trace:
+    """Checked ticks as a trace; two ticks of one pool at one time are an error. A live source
+    passes the grid it ticks on (``grid_seconds``)."""
     grouped: dict[str, list[Tick]] = {}
     for tick in ticks:
         tick.check(source)
@@ -156,7 +159,7 @@ def trace_from_ticks(ticks: Iterable[Tick], source: str) -> Trace:
             available=np.array([t.available for t in rows], dtype=np.int64),
             on_demand_price=np.array([t.on_demand_price for t in rows], dtype=float),
         )
-    return Trace(source, pools)
+    return Trace(source, pools, grid_seconds)
 
 
 def observation_times(first: float, last: float, tick_seconds: float, events: Iterable[float]) -> list[float]:

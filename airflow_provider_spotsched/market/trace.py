@@ -65,6 +65,8 @@ class Trace:
 
     source: str
     pools: dict[str, PoolSeries]
+    grid_seconds: float | None = None
+    """The tick grid of a live source that states it (``None``: a file, whose gap is inferred)."""
 
     @property
     def names(self) -> list[str]:
@@ -80,7 +82,10 @@ class Trace:
 
     @property
     def tick_seconds(self) -> float:
-        """The typical gap between ticks (median over pools), the unit of the hole rule."""
+        """The typical gap between ticks (median over pools), the unit of the hole rule; a live
+        source's stated grid where it has one, since a few ticks (one placement score) tell none."""
+        if self.grid_seconds is not None:
+            return self.grid_seconds
         gaps = [np.median(np.diff(p.times)) for p in self.pools.values() if len(p.times) > 1]
         if not gaps:
             raise TraceError(f"{self.source}: needs at least two ticks in one market to know its tick gap")
