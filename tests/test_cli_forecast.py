@@ -60,6 +60,17 @@ def test_slots_end_at_the_one_starting_at_at(trace_file):
     np.testing.assert_array_equal(market.available[-1], resample(load_trace(trace_file), start=at, num_slots=1).available[0])
 
 
+def test_a_pool_that_starts_after_at_is_left_out_by_default_as_if_the_file_ended_at_at(tmp_path, trace_file):
+    at = parse_timestamp(AT)
+    late = tmp_path / "late.csv"
+    added = f"{format_timestamp(at + timedelta(hours=2))},late-pool,1.0,2,3.0"
+    late.write_text("\n".join(trace_file.read_text().splitlines() + [added]) + "\n")
+    trace = load_trace(late)
+    assert "late-pool" in trace.pools and "late-pool" not in market_at(trace, at).pools
+    with pytest.raises(ValueError, match=r"\['late-pool'\] have no tick at or before --at"):
+        market_at(trace, at, pools=["late-pool"])  # named, it is still refused
+
+
 def _tamper_after(source: Path, at: str, target: Path) -> Path:
     """``source`` with every row after ``at`` changed, plus ticks 100 s apart between them.
 

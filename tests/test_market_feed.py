@@ -1,4 +1,4 @@
-"""A replayed market's refusals name what to change."""
+"""A replayed market's refusals name what to change; a live feed tells the capacity now, not a stale count."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from airflow_provider_spotsched.market.feed import ReplayedMarket
-from airflow_provider_spotsched.market.trace import load_trace
+from airflow_provider_spotsched.market.feed import LiveMarketFeed, NoMarketData, ReplayedMarket
+from airflow_provider_spotsched.market.source import MarketSource, Tick, clip, trace_from_ticks
+from airflow_provider_spotsched.market.trace import Trace, load_trace
 
 T0 = datetime(2025, 10, 1, tzinfo=timezone.utc)
 
@@ -27,3 +28,42 @@ def test_a_trace_too_short_for_the_history_names_history_slots(tmp_path):
     assert ReplayedMarket(trace, 1.0, 24).history_slots == 24
     with pytest.raises(ValueError, match="lies at the end of"):
         ReplayedMarket(trace, 1.0, 24, start=T0 + timedelta(hours=48))
+
+
+class StoppedSource(MarketSource):
+    """A live source whose data ends at ``last`` (a feed that stopped, or a lone placement score)."""
+
+    def __init__(self, ticks: list[Tick], grid_seconds: float | None = None) -> None:
+        self.trace = trace_from_ticks(ticks, "stopped", grid_seconds)
+
+    def observe(self, start: datetime, end: datetime) -> Trace:
+        return clip(self.trace, start, end) if self.trace.pools else self.trace
+
+
+def ten_minute_ticks(until: datetime, hours: int) -> list[Tick]:
+    first = until - timedelta(hours=hours)
+    return [Tick((first + timedelta(minutes=10 * k)).timestamp(), "pool-a", 0.4, 8, 3.0) for k in range(hours * 6 + 1)]
+
+
+def test_a_live_feed_that_stopped_hours_ago_reports_no_capacity_now_not_its_last_count():
+    now = T0 + timedelta(days=3)
+    feed = LiveMarketFeed(StoppedSource(ten_minute_ticks(now - timedelta(hours=3), 48)), 1.0, 24.0)
+    history = feed.history(now)
+    assert history.start + timedelta(hours=history.num_slots - 1) == now  # the last slot starts now
+    assert history.available[-1].tolist() == [0] and history.spot_price[-1].tolist() == [0.4]
+    assert history.available[-4].tolist() == [8]  # while the ticks came, their counts
+    assert feed.row(1, ["pool-a"], now)[1].tolist() == [0]
+    fresh = LiveMarketFeed(StoppedSource(ten_minute_ticks(now - timedelta(minutes=7), 48)), 1.0, 24.0)
+    assert fresh.row(1, ["pool-a"], now)[1].tolist() == [8]  # minutes behind the clock: the count holds
+
+
+def test_a_live_feed_with_one_tick_per_pool_uses_the_sources_tick_grid():
+    now = T0 + timedelta(days=3)
+    score = [Tick(now.timestamp() - 60, "pool-a", 0.9, 1, 3.0)]  # a placement score a minute ago, no launch yet
+    market = LiveMarketFeed(StoppedSource(score, grid_seconds=600.0), 1.0, 24.0).history(now)
+    assert market.num_slots == 1 and market.available.tolist() == [[1]]
+
+
+def test_a_live_feed_with_no_evidence_at_all_says_so():
+    with pytest.raises(NoMarketData, match="availability evidence"):
+        LiveMarketFeed(StoppedSource([]), 1.0, 24.0).history(T0)

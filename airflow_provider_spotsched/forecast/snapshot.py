@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
 
 from airflow_provider_spotsched.forecast.base import Forecast
-from airflow_provider_spotsched.market.slots import HOLE_FACTOR, SlotMarket, resample, select_pools
+from airflow_provider_spotsched.market.slots import HOLE_FACTOR, SlotMarket, resample_until, select_pools
 from airflow_provider_spotsched.market.source import MarketSource
 from airflow_provider_spotsched.market.trace import PoolSeries, Trace, TraceError, format_timestamp
 
@@ -80,7 +80,7 @@ def trace_until(trace: Trace, at: datetime) -> Trace:
             )
     if not pools:
         raise TraceError(f"{trace.source} has no tick at or before {format_timestamp(at)}")
-    return Trace(trace.source, pools)
+    return Trace(trace.source, pools, trace.grid_seconds)
 
 
 def market_at(
@@ -126,8 +126,8 @@ def snapshot_at(
             f"its newest tick is {_age(at.timestamp() - last)} before --at, more than the {max_staleness_hours:g} h "
             f"of staleness allowed (the data feed may have stopped; raise the allowed staleness to forecast anyway)"
         )
-    names = select_pools(trace, pools)
     known = trace_until(trace, at)
+    names = select_pools(known if pools is None else trace, pools)  # by default, the pools known at ``at``
     late = [name for name in names if name not in known.pools]
     if late:
         raise TraceError(f"pool(s) {late} have no tick at or before --at {format_timestamp(at)}; choose a later --at")
@@ -140,11 +140,8 @@ def snapshot_at(
             f"a forecast needs at least {needed} ({MIN_HISTORY_HOURS:g} h): choose an --at at or after "
             f"{_stamp(first + (needed - 1) * step)}"
         )
-    start = at - timedelta(seconds=(slots - 1) * step)
-    ticked = min(slots, int(math.floor((known.last_time - start.timestamp()) / step + 1e-9)) + 1)
-    market = resample(known, start=start, slot_hours=slot_hours, num_slots=ticked, pools=names)
     return Snapshot(
-        market=_hold_last_ticks(market, known, slots),
+        market=resample_until(known, at, slot_hours, names),
         at=at,
         last_ticks={name: float(known.pools[name].times[-1]) for name in names},
         hole_seconds=HOLE_FACTOR * known.tick_seconds,
@@ -154,31 +151,6 @@ def snapshot_at(
 def _age(seconds: float) -> str:
     minutes = seconds / 60.0
     return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60.0:.1f} h"
-
-
-def _hold_last_ticks(market: SlotMarket, known: Trace, slots: int) -> SlotMarket:
-    """``market`` extended to ``slots`` slots past the cut trace's last tick (spec, "Market").
-
-    :func:`resample` stops at the last tick; the slots after it up to ``at`` take every pool's
-    last tick, with availability unknown (0) once that tick is older than the hole threshold.
-    """
-    extra = slots - market.num_slots
-    if extra == 0:
-        return market
-    step = market.slot_hours * 3600.0
-    instants = market.start.timestamp() + step * np.arange(market.num_slots, slots)
-    hole = HOLE_FACTOR * known.tick_seconds
-    price = np.empty((extra, market.num_pools))
-    available = np.zeros((extra, market.num_pools), dtype=market.available.dtype)
-    for m, name in enumerate(market.pools):
-        series = known.pools[name]
-        price[:, m] = series.spot_price[-1]
-        available[:, m] = np.where(instants - series.times[-1] <= hole, series.available[-1], 0)
-    return replace(
-        market,
-        spot_price=np.vstack([market.spot_price, price]),
-        available=np.vstack([market.available, available]),
-    )
 
 
 def _stamp(epoch: float) -> str:

@@ -10,16 +10,19 @@ clock says.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from airflow_provider_spotsched.market.slots import SlotMarket, resample
+from airflow_provider_spotsched.market.slots import SlotMarket, resample, resample_until
 from airflow_provider_spotsched.market.source import MarketSource
 from airflow_provider_spotsched.market.trace import Trace, TraceError, format_timestamp
+
+
+class NoMarketData(TraceError):
+    """No pool had a tick in the window: every pool's availability is unknown (and counts as 0)."""
 
 
 class MarketFeed(ABC):
@@ -35,7 +38,7 @@ class MarketFeed(ABC):
 
 
 class LiveMarketFeed(MarketFeed):
-    """A live :class:`MarketSource` cut into slots that end at wall-clock ``now``."""
+    """A live :class:`MarketSource` cut into slots, the last one starting at wall-clock ``now``."""
 
     def __init__(self, source: MarketSource, slot_hours: float = 1.0, history_hours: float = 48.0) -> None:
         if not slot_hours > 0 or not history_hours >= slot_hours:
@@ -48,7 +51,10 @@ class LiveMarketFeed(MarketFeed):
         return self._slots(now, self.history_hours)
 
     def row(self, slot: int, pools: Sequence[str], now: datetime) -> tuple[np.ndarray, np.ndarray]:
-        market = self._slots(now, 2 * self.slot_hours)
+        try:
+            market = self._slots(now, 2 * self.slot_hours)
+        except NoMarketData:  # a feed silent for a while: its last prices, its capacity unknown (0)
+            market = self._slots(now, self.history_hours)
         missing = [p for p in pools if p not in market.pools]
         if missing:
             raise TraceError(f"the market source has no recent ticks for pool(s) {missing}; check its connection")
@@ -56,18 +62,17 @@ class LiveMarketFeed(MarketFeed):
         return market.spot_price[-1, index], market.available[-1, index]
 
     def _slots(self, now: datetime, hours: float) -> SlotMarket:
-        """Whole slots over the last ``hours``, the last one starting at the newest tick (at or before ``now``)."""
+        """Whole slots over the last ``hours``, the last one starting at ``now``: a pool whose newest
+        tick is older than the hole threshold counts as unavailable now, whatever it last said."""
         now = now.astimezone(timezone.utc)
         trace = self.source.observe(now - timedelta(hours=hours), now)
         if not trace.pools:
-            raise TraceError(
+            raise NoMarketData(
                 f"the market source returned no ticks between {now - timedelta(hours=hours):%Y-%m-%d %H:%M} and "
-                f"{now:%Y-%m-%d %H:%M} UTC; check the market connection (market_conn_id) and the pools' regions"
+                f"{now:%Y-%m-%d %H:%M} UTC: no pool had both a spot price and availability evidence (a placement "
+                "score or a recorded launch) in force; check the market connection (market_conn_id) and the pools' regions"
             )
-        step = self.slot_hours * 3600.0
-        slots = int(math.floor((trace.last_time - trace.first_time) / step + 1e-9)) + 1
-        start = datetime.fromtimestamp(trace.last_time - (slots - 1) * step, timezone.utc)
-        return resample(trace, start, self.slot_hours, slots)
+        return resample_until(trace, now, self.slot_hours)
 
 
 class ReplayedMarket(MarketFeed):

@@ -143,6 +143,36 @@ def resample(
             f"{trace.source} holds only {fits} slots of {slot_hours:g} h after the start; "
             f"{num_slots} were asked for: choose an earlier start or a shorter job"
         )
+    return _in_force(trace, names, t0, slot_hours, num_slots, trace.last_time)
+
+
+def resample_until(
+    trace: Trace, at: datetime, slot_hours: float = 1.0, pools: Sequence[str] | None = None
+) -> SlotMarket:
+    """The market as known at ``at``: slots of ``slot_hours`` back to the trace's first tick, the
+    last one starting at ``at`` (which must not precede the trace).
+
+    A live feed lags the clock, or stops: the slots after the newest tick hold each pool's last
+    tick, its availability unknown (0) once that tick is older than the hole threshold, so a feed
+    that stopped hours ago never passes its last count off as the capacity now.
+    """
+    if slot_hours <= 0:
+        raise ValueError(f"slot_hours must be > 0, got {slot_hours}")
+    names = select_pools(trace, pools)
+    t_at = at.astimezone(timezone.utc).timestamp()
+    if t_at < trace.first_time:
+        raise TraceError(f"{format_timestamp(at)} precedes {trace.source}, which starts at {_stamp(trace.first_time)}")
+    step = slot_hours * 3600.0
+    slots = int(np.floor((t_at - trace.first_time) / step + 1e-9)) + 1
+    return _in_force(trace, names, t_at - (slots - 1) * step, slot_hours, slots, max(t_at, trace.last_time))
+
+
+def _in_force(
+    trace: Trace, names: tuple[str, ...], t0: float, slot_hours: float, num_slots: int, end: float
+) -> SlotMarket:
+    """Each pool's state in force at the starts of ``num_slots`` slots from ``t0``; ``end`` is
+    when the data ends, for the warnings about holes that run to it."""
+    step = slot_hours * 3600.0
     instants = t0 + step * np.arange(num_slots)
     hole = HOLE_FACTOR * trace.tick_seconds
     prices = np.empty((num_slots, len(names)))
@@ -158,7 +188,7 @@ def resample(
         fresh = seen & (instants - series.times[safe] <= hole)
         available[:, m] = np.where(fresh, series.available[safe], 0)
         on_demand.append(series.on_demand_price[safe[0]])
-        for span, slots in _holes(trace, series.times, idx[~fresh]).items():
+        for span, slots in _holes(trace.first_time, end, series.times, idx[~fresh]).items():
             pools, most = holes.get(span, ([], 0))
             holes[span] = (pools + [name], max(most, slots))
     _warn_holes(trace.source, holes, slot_hours)
@@ -172,13 +202,14 @@ def resample(
     )
 
 
-def _holes(trace: Trace, times: np.ndarray, previous: np.ndarray) -> dict[tuple[float, float], int]:
+def _holes(first: float, last: float, times: np.ndarray, previous: np.ndarray) -> dict[tuple[float, float], int]:
     """The spans without ticks around the slots whose tick was stale or missing (``previous``:
-    the index of the last tick before each), with how many slots each hides."""
+    the index of the last tick before each), with how many slots each hides; the data runs from
+    ``first`` to ``last``."""
     spans: dict[tuple[float, float], int] = {}
     for i in previous.tolist():
-        begin = trace.first_time if i < 0 else float(times[i])
-        end = float(times[i + 1]) if i + 1 < len(times) else trace.last_time
+        begin = first if i < 0 else float(times[i])
+        end = float(times[i + 1]) if i + 1 < len(times) else last
         spans[(begin, end)] = spans.get((begin, end), 0) + 1
     return spans
 
