@@ -176,3 +176,13 @@ def test_the_sensor_runs_in_a_dag_and_hands_its_event_downstream(tmp_path, airfl
     assert done.returncode == 0, done.stderr[-4000:]
     event = json.loads(out.read_text())
     assert event["reason"] == "price" and event["details"]["pool"] == "pool-a" and event["start"] is True
+
+
+def test_a_watched_pool_without_ticks_counts_as_unavailable_and_no_data_waits_for_the_timeout(tmp_path):
+    # pool-b never ticks: unknown capacity is 0, so the cheap pool-a still starts the job, and nothing fails
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.5, 4)}, {"pool-a": (1.5, 4)})
+    event = first_payload(trigger(trace, {"price_below": 2.0}))
+    assert event["reason"] == "price" and event["details"] == {"pool": "pool-a", "spot_price": 1.5, "available": 4}
+    # a market with no evidence at all (the replay runs past the trace's end): wait, then on demand
+    late = first_payload(trigger(trace, {"price_below": 2.0}, timeout_s=0.5, start=T0 + timedelta(days=10)))
+    assert late["reason"] == "timeout" and late["fallback"] == "on-demand"

@@ -30,7 +30,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
-from airflow_provider_spotsched.market.feed import LiveMarketFeed
+from airflow_provider_spotsched.market.feed import LiveMarketFeed, NoMarketData
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
 from airflow_provider_spotsched.scheduling.model import Job
@@ -180,30 +180,41 @@ class SpotMarketTrigger(BaseTrigger):
                 return
             market_now = clock.market_time(now) if clock else now
             market = await asyncio.to_thread(self._observe, feed, market_now)
-            reason, found = PRICE, conditions.price(market)
-            if found is None:
-                reason, found = AVAILABILITY, await asyncio.to_thread(conditions.availability, market)
-            if found is None:
-                reason, found = PLAN, await asyncio.to_thread(conditions.plan, market, self.pools, market_now)
-            if found is not None:
-                yield TriggerEvent(self._event(reason, now, market_now, found))
-                return
+            if market is not None:
+                reason, found = PRICE, conditions.price(market)
+                if found is None:
+                    reason, found = AVAILABILITY, await asyncio.to_thread(conditions.availability, market)
+                if found is None:
+                    reason, found = PLAN, await asyncio.to_thread(conditions.plan, market, self.pools, market_now)
+                if found is not None:
+                    yield TriggerEvent(self._event(reason, now, market_now, found))
+                    return
             left = (timeout_at - datetime.now(timezone.utc)).total_seconds()
             await asyncio.sleep(max(min(self.poll_interval, left), 0.0))
 
-    def _observe(self, feed: LiveMarketFeed, market_now: datetime) -> SlotMarket:
-        """The watched pools' slots ending with the state in force at ``market_now``."""
-        market = feed.history(market_now)
+    def _observe(self, feed: LiveMarketFeed, market_now: datetime) -> SlotMarket | None:
+        """The watched pools' slots ending with the state in force at ``market_now``; ``None`` while
+        no pool has any evidence. A watched pool without ticks counts as unavailable (unknown
+        availability is 0, never a guess) at the on-demand price, so no condition holds on it."""
+        try:
+            market = feed.history(market_now)
+        except NoMarketData as exc:
+            self.log.warning("%s; waiting for evidence", exc)
+            return None
         missing = [p for p in self.pools if p not in market.pools]
         if missing:
-            raise ValueError(f"the market has no recent ticks for pool(s) {missing}; check the pools and the market")
-        index = [market.pools.index(p) for p in self.pools]
+            self.log.warning("no ticks for pool(s) %s in the last %g h: counted as unavailable", missing, self.history_hours)
+        slots = market.num_slots
+        prices = [market.spot_price[:, market.pools.index(p)] if p in market.pools else np.full(slots, market.on_demand_price)
+                  for p in self.pools]
+        counts = [market.available[:, market.pools.index(p)] if p in market.pools else np.zeros(slots, dtype=np.int64)
+                  for p in self.pools]
         return SlotMarket(
             pools=tuple(self.pools),
             start=market.start,
             slot_hours=market.slot_hours,
-            spot_price=market.spot_price[:, index],
-            available=market.available[:, index],
+            spot_price=np.stack(prices, axis=1),
+            available=np.stack(counts, axis=1),
             on_demand_price=market.on_demand_price,
         )
 
