@@ -117,10 +117,13 @@ def test_daily_availability_dips_when_the_price_peaks_and_leaves_the_rest_of_the
 
 
 def test_settings_out_of_range_are_refused_by_name_with_their_range():
-    with pytest.raises(ValueError, match=r"pools=0 \(must be 1 to 26\); diurnal_amplitude=1.5 \(must be in \[0, 1\)\)"):
+    with pytest.raises(ValueError, match=r"pools=0 \(must be a whole number, 1 to 26\); diurnal_amplitude=1.5 \(must be in \[0, 1\)\)"):
         SyntheticMarketConfig(pools=0, diurnal_amplitude=1.5)
     for bad, message in (({"seed": -1}, "seed=-1"), ({"days": 0.005}, "days=0.005"), ({"days": math.inf}, "days=inf"),
-                         ({"days": 1e6}, "at most 3660 days"), ({"tick_minutes": 0}, "tick_minutes=0")):
+                         ({"days": 1e6}, "at most 3660 days"), ({"tick_minutes": 0}, "tick_minutes=0"),
+                         ({"collapses_per_week": math.inf}, "collapses_per_week=inf (must be in [0, 168])"),
+                         ({"crunches_per_day": 1e30}, "crunches_per_day=1e+30"), ({"flap_episodes_per_day": 25}, "in [0, 24]"),
+                         ({"pools": 2.5}, "pools=2.5"), ({"capacity": 2.5}, "capacity=2.5"), ({"crunch_hours": 1.5}, "crunch_hours")):
         with pytest.raises(ValueError, match=re.escape(message)):
             SyntheticMarketConfig(**bad)
 
@@ -134,6 +137,7 @@ def test_spotsched_synth_writes_a_trace_file_and_refuses_bad_settings(tmp_path, 
     assert main(["synth", "--out", str(out), "--flap-episodes-per-day", "-1"]) == 2
     assert main(["synth", "--out", str(out), "--crunches-per-day", "-1"]) == 2
     assert main(["synth", "--out", str(out), "--daily-availability", "1"]) == 2
+    assert main(["synth", "--out", str(out), "--collapses-per-week", "inf"]) == 2  # not a numpy traceback
     assert "daily_availability" in capsys.readouterr().err
 
 

@@ -47,6 +47,7 @@ FLAP_STREAM = 1  # the flapping episodes' random stream, apart from the seed's m
 CRUNCH_STREAM = 2  # the spreading crunches' random stream
 REGIME_SHARE = {PLENTY: 1.0, SCARCE: 0.25, NONE: 0.0}
 """The share of a pool's capacity each regime offers (scarce: a quarter, rounded down, at least 1)."""
+MAX_EVENTS_PER_DAY = 24  # one shock, flap episode or crunch an hour: more is a typo (and overflows the draws)
 
 
 @dataclass(frozen=True)
@@ -105,25 +106,25 @@ class SyntheticMarketConfig:
     def __post_init__(self) -> None:
         checks = {  # setting: (within range, the range)
             "seed": (isinstance(self.seed, int) and self.seed >= 0, "a whole number >= 0"),
-            "pools": (1 <= self.pools <= 26, "1 to 26"),
+            "pools": (_whole(self.pools) and 1 <= self.pools <= 26, "a whole number, 1 to 26"),
             "tick_minutes": (0 < self.tick_minutes <= 60, "in (0, 60]"),
             "days": (
                 math.isfinite(self.days) and 0 < self.days <= MAX_DAYS
                 and (not 0 < self.tick_minutes <= 60 or self.days * 24 * 60 / self.tick_minutes >= 2),
                 f"at least two ticks and at most {MAX_DAYS} days",
             ),
-            "capacity": (self.capacity >= 1, ">= 1"),
+            "capacity": (_whole(self.capacity) and self.capacity >= 1, "a whole number >= 1"),
             "on_demand_price": (self.on_demand_price > 0, "> 0"),
             "spot_discount": (0 < self.spot_discount < 1, "in (0, 1)"),
             "mean_regime_hours": (self.mean_regime_hours > 0, "> 0"),
-            "shock_rate_per_day": (self.shock_rate_per_day >= 0, ">= 0"),
+            "shock_rate_per_day": (_rate(self.shock_rate_per_day, MAX_EVENTS_PER_DAY), f"in [0, {MAX_EVENTS_PER_DAY}]"),
             "diurnal_amplitude": (0 <= self.diurnal_amplitude < 1, "in [0, 1)"),
-            "collapses_per_week": (self.collapses_per_week >= 0, ">= 0"),
+            "collapses_per_week": (_rate(self.collapses_per_week, 7 * MAX_EVENTS_PER_DAY), f"in [0, {7 * MAX_EVENTS_PER_DAY}]"),
             "collapse_hours": (0 < self.collapse_hours[0] <= self.collapse_hours[1], "0 < shortest <= longest"),
-            "flap_episodes_per_day": (self.flap_episodes_per_day >= 0, ">= 0"),
+            "flap_episodes_per_day": (_rate(self.flap_episodes_per_day, MAX_EVENTS_PER_DAY), f"in [0, {MAX_EVENTS_PER_DAY}]"),
             "flap_hours": (0 < self.flap_hours[0] <= self.flap_hours[1], "0 < shortest <= longest"),
-            "crunches_per_day": (self.crunches_per_day >= 0, ">= 0"),
-            "crunch_hours": (self.crunch_hours >= 1, ">= 1"),
+            "crunches_per_day": (_rate(self.crunches_per_day, MAX_EVENTS_PER_DAY), f"in [0, {MAX_EVENTS_PER_DAY}]"),
+            "crunch_hours": (_whole(self.crunch_hours) and self.crunch_hours >= 1, "a whole number >= 1"),
             "crunch_spread": (0 <= self.crunch_spread <= 1, "in [0, 1]"),
             "crunch_hit_hours": (0 < self.crunch_hit_hours[0] <= self.crunch_hit_hours[1], "0 < shortest <= longest"),
             "daily_availability": (0 <= self.daily_availability < 1, "in [0, 1)"),
@@ -267,3 +268,12 @@ def _collapses(config: SyntheticMarketConfig, rng: np.random.Generator, ticks: i
         length = int(rng.uniform(*config.collapse_hours) * per_hour)
         windows.append((first, min(first + max(length, 1), ticks)))
     return sorted(windows)
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _rate(value: object, most: float) -> bool:
+    """A finite event rate in [0, most]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= most
