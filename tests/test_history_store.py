@@ -172,6 +172,10 @@ def test_bad_records_are_refused_with_the_field_named(tmp_path):
     bad = Trace("made", {"z": PoolSeries(np.array([T0.timestamp()]), np.array([-1.0]), np.array([1]), np.array([3.0]))})
     with pytest.raises(TraceError, match="spot_price -1.0 must be a finite price"):
         store.append(bad)
+    subsecond = Trace("made", {"z": PoolSeries(np.array([T0.timestamp() + 0.2, T0.timestamp() + 0.7]), np.array([1.0, 1.0]),
+                                               np.array([1, 1]), np.array([3.0, 3.0]))})
+    with pytest.raises(TraceError, match="fraction of a second; the store keeps whole seconds"):
+        store.append(subsecond)  # stored to the second, the two would share a stamp and the day could not be read
     with pytest.raises(HistoryError, match="launched=3; need 0 <= launched <= requested"):
         store.record_outcome(LaunchOutcome(T0, "z", 2, 3))
     with pytest.raises(HistoryError, match="must be a timezone-aware datetime"):

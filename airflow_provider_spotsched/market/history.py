@@ -31,7 +31,7 @@ from typing import Any
 
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.source import Tick, check_window, trace_from_ticks, trace_ticks
-from airflow_provider_spotsched.market.trace import COLUMNS, Trace, parse_timestamp, read_trace
+from airflow_provider_spotsched.market.trace import COLUMNS, Trace, TraceError, parse_timestamp, read_trace
 
 TICKS, OUTCOMES = "ticks", "outcomes"
 OUTCOME_COLUMNS = ("time", "pool", "requested", "launched", "reason")
@@ -61,6 +61,11 @@ class MarketHistoryStore:
         ticks = list(trace_ticks(observations))
         for tick in ticks:
             tick.check(f"append to {self}")
+            if tick.time != int(tick.time):  # the store's stamps are whole seconds: two ticks would share one
+                raise TraceError(
+                    f"append to {self}: tick {tick.market!r} at {tick.time!r} (epoch seconds) has a fraction of a second; "
+                    "the store keeps whole seconds: round the trace's timestamps to the second"
+                )
         return self._append_rows(TICKS, COLUMNS, [(t.time, _tick_row(t)) for t in ticks])
 
     def window(self, start: datetime, end: datetime) -> Trace:
