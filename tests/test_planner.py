@@ -142,6 +142,19 @@ def test_whole_job_objective_is_minus_the_utility_on_a_random_market():
     assert plan.completion_hours == pytest.approx(outcome.completion_hours)
 
 
+def test_work_that_fills_the_slots_left_exactly_is_not_pruned_by_round_off():
+    # 5.381... units at 0.3587.../instance-hour: 5 slots at 3 instances, up to a last bit of
+    # round-off, which the bound priced at inf (no slot left) and pruned the optimum (utility 4.80, not 21.70)
+    job = Job(work=5.381127255620694, deadline_hours=5.0, max_instances=3, min_instances=2,
+              throughput=Throughput(0.3587418170413796, 0.0), value=43.65189316845691, hard_deadline_factor=1.0)
+    price = np.array([[0.95, 3.17], [0.8, 1.53], [2.71, 1.43], [0.46, 0.81], [1.77, 1.05]])
+    available = np.array([[3, 2], [0, 0], [1, 2], [3, 2], [0, 3]])
+    plan = solve_plan(request(job, price, available))
+    assert plan.proven_optimal and plan.objective == pytest.approx(-21.7019, abs=1e-3)  # the MILP's optimum
+    outcome = evaluate(job, plan.allocations, price, 3.0, available)
+    assert plan.objective == pytest.approx(-outcome.utility, abs=1e-6)
+
+
 def test_a_truncated_search_returns_a_valid_plan_not_proven_optimal(monkeypatch):
     rng = np.random.default_rng(3)
     job = make_job(work=20.0, deadline_hours=14.0, max_instances=3, reconfig_overhead_hours=0.25, value=60.0)
