@@ -137,6 +137,8 @@ def test_true_throughput_slows_down_from_its_hour():
     assert truth.job_at(job, 5.0).throughput.alpha == pytest.approx(0.45)
     assert truth.slowest_job(job).throughput.alpha == pytest.approx(0.45)
     assert TrueThroughput().job_at(job, 3.0) is job
+    late = TrueThroughput(0.9, slowdown_at_hours=job.horizon_slots * job.slot_hours, slowdown_factor=0.5)
+    assert late.slowest_job(job).throughput.alpha == pytest.approx(0.9)  # after its last slot: hindsight plans at 0.9
 
 
 # A market where spot is cheap for nine slots and then comes and goes: a policy that believes

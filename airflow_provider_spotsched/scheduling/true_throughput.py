@@ -52,9 +52,9 @@ class TrueThroughput:
 
     def slowest_job(self, job: Job) -> Job:
         """``job`` at its lowest throughput over the horizon: what a hindsight plan can rely on
-        (exact for a constant factor; with a slowdown, a plan that never finishes late)."""
-        slowed = self.slowdown_factor if self.slowdown_at_hours is not None else 1.0
-        return _scaled(job, self.factor * min(slowed, 1.0))
+        (exact for a constant factor; with a slowdown, a plan that never finishes late). A slowdown
+        that begins after the job's last slot has started never touches it."""
+        return _scaled(job, min(self.factor_at(k * job.slot_hours) for k in range(job.horizon_slots)))
 
     @property
     def is_declared(self) -> bool:
