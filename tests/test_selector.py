@@ -128,6 +128,12 @@ def test_a_job_that_ran_slower_than_declared_is_replayed_at_the_throughput_it_ra
     assert all(at_truth[label] < declared[label] for label in declared), "half the speed: no member does as well"
     losses = selector.close_round(None, job, jm, true_throughput=slow)
     assert losses == shortfall_losses(at_truth, on_demand_cost(job, jm.market.on_demand_price))
+    blind = selector.counterfactual_utilities(job, jm, slow, estimate_throughput=False)  # as a run without the estimate
+    assert blind == {
+        label: simulate(make_policy(entry["policy"], entry["params"]), job, jm, slow, False).outcome.utility
+        for label, entry in zip(selector.labels, POOL)
+    }
+    assert blind != at_truth
 
 
 def test_hedge_moves_its_weight_off_a_member_that_keeps_losing():

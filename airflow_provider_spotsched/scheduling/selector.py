@@ -84,7 +84,7 @@ logger = logging.getLogger(__name__)
 # submitted close together (their windows are aligned, see _warm_up_windows). A bounded
 # per-process memo runs each once.
 _REPLAY_CACHE_SIZE = 8192
-_replay_cache: OrderedDict[tuple[str, str, str, str], float] = OrderedDict()
+_replay_cache: OrderedDict[tuple[str, str, str, str, bool], float] = OrderedDict()
 
 
 class SelectorStateError(ValueError):
@@ -444,17 +444,25 @@ class SelectorPolicy(Policy):
     # -- learning ------------------------------------------------------------------------
 
     def counterfactual_utilities(
-        self, job: Job, job_market: JobMarket, true_throughput: TrueThroughput | None = None
+        self,
+        job: Job,
+        job_market: JobMarket,
+        true_throughput: TrueThroughput | None = None,
+        estimate_throughput: bool = True,
     ) -> dict[str, float]:
         """Every member's utility had it run ``job`` on the realised ``job_market`` (the members
         that can run it: a single-instance member sits out an N_max > 1 job).
 
         A job that ran slower than declared is replayed at ``true_throughput``, the members seeing
-        the declaration and then their own measurements, as the played member did: replayed at
-        the declared speed, every other member would finish sooner and cheaper than it could
-        have, and the learner would score the played member against runs that never could happen.
+        the declaration and then their own measurements (or, with ``estimate_throughput`` False,
+        the declaration alone), as the played member did: replayed otherwise, every other member
+        would finish sooner and cheaper than it could have, and the learner would score the
+        played member against runs that never could happen.
         """
-        return {self.labels[i]: self._replay(i, job, job_market, true_throughput) for i in self._active_indices(job)}
+        return {
+            self.labels[i]: self._replay(i, job, job_market, true_throughput, estimate_throughput)
+            for i in self._active_indices(job)
+        }
 
     def warm_up(self, history: JobMarket, job: Job, rounds: int | None = None) -> int:
         """Full-information rounds for ``job``'s kind on windows of ``history`` that end at or
@@ -499,13 +507,22 @@ class SelectorPolicy(Policy):
         self._draws += 1
         return u
 
-    def _replay(self, index: int, job: Job, job_market: JobMarket, true_throughput: TrueThroughput | None = None) -> float:
+    def _replay(
+        self,
+        index: int,
+        job: Job,
+        job_market: JobMarket,
+        true_throughput: TrueThroughput | None = None,
+        estimate_throughput: bool = True,
+    ) -> float:
         truth = true_throughput or TrueThroughput()
-        key = (self._keys[index], json.dumps(job.to_dict(), sort_keys=True), _market_key(job_market), repr(truth))
+        key = (
+            self._keys[index], json.dumps(job.to_dict(), sort_keys=True), _market_key(job_market), repr(truth), estimate_throughput
+        )
         if key in _replay_cache:
             _replay_cache.move_to_end(key)
             return _replay_cache[key]
-        utility = simulate(self._replayers[index], job, job_market, truth).outcome.utility
+        utility = simulate(self._replayers[index], job, job_market, truth, estimate_throughput).outcome.utility
         _replay_cache[key] = utility
         if len(_replay_cache) > _REPLAY_CACHE_SIZE:
             _replay_cache.popitem(last=False)

@@ -370,7 +370,9 @@ def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], se
         if not spec.runs_on(scenario.n_max):
             continue
         rows.append(make_row(scenario, spec, simulate(spec.build(config.seed + scenario.index), job, market, *_truth(config))))
-    utilities = _build_selector(config.seed).counterfactual_utilities(job, market, config.true_throughput) if selector else None
+    utilities = (
+        _build_selector(config.seed).counterfactual_utilities(job, market, *_truth(config)) if selector else None
+    )
     return ScenarioRun(scenario, rows, utilities)
 
 
