@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -67,3 +68,10 @@ def test_a_live_feed_with_one_tick_per_pool_uses_the_sources_tick_grid():
 def test_a_live_feed_with_no_evidence_at_all_says_so():
     with pytest.raises(NoMarketData, match="availability evidence"):
         LiveMarketFeed(StoppedSource([]), 1.0, 24.0).history(T0)
+
+
+def test_a_live_feed_prices_on_demand_as_now_not_as_at_the_start_of_its_history():
+    now = T0 + timedelta(days=3)
+    ticks = [replace(t, on_demand_price=3.0 if t.time < (now - timedelta(hours=12)).timestamp() else 4.0)
+             for t in ten_minute_ticks(now, 48)]
+    assert LiveMarketFeed(StoppedSource(ticks), 1.0, 24.0).history(now).on_demand_price == 4.0

@@ -96,3 +96,21 @@ def test_job_market_keeps_history_before_submission(gcp_trace):
     late = Job.from_dict({**job.to_dict(), "start": "2025-10-18T12:00:00Z"})
     with pytest.raises(TraceError, match="needs 12 slots"):
         job_market(gcp_trace, late)
+
+
+def test_a_job_pays_the_on_demand_price_in_force_at_submission_whatever_its_history(tmp_path):
+    from datetime import datetime, timezone
+
+    from airflow_provider_spotsched.market.trace import load_trace
+    from airflow_provider_spotsched.scheduling.policies import make_policy
+
+    t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    rows = ["timestamp,market,spot_price,available,on_demand_price"]
+    rows += [f"{t0 + timedelta(hours=h):%Y-%m-%dT%H:%M:%SZ},zone-a,1.0,0,{3.0 if h < 120 else 6.0}" for h in range(240)]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")  # the on-demand price doubles on day 5
+    trace = load_trace(tmp_path / "t.csv")
+    job = make_job(work=4.0, deadline_hours=8.0, max_instances=1, start=t0 + timedelta(days=8))
+    for lookback in (0.0, 24.0, 168.0):
+        jm = job_market(trace, job, lookback_hours=lookback)
+        assert jm.market.on_demand_price == 6.0
+        assert simulate(make_policy("on-demand"), job, jm).outcome.cost == pytest.approx(24.0)

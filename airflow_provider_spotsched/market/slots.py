@@ -143,7 +143,7 @@ def resample(
             f"{trace.source} holds only {fits} slots of {slot_hours:g} h after the start; "
             f"{num_slots} were asked for: choose an earlier start or a shorter job"
         )
-    return _in_force(trace, names, t0, slot_hours, num_slots, trace.last_time)
+    return _in_force(trace, names, t0, slot_hours, num_slots, trace.last_time, on_demand_slot=0)
 
 
 def resample_until(
@@ -164,14 +164,16 @@ def resample_until(
         raise TraceError(f"{format_timestamp(at)} precedes {trace.source}, which starts at {_stamp(trace.first_time)}")
     step = slot_hours * 3600.0
     slots = int(np.floor((t_at - trace.first_time) / step + 1e-9)) + 1
-    return _in_force(trace, names, t_at - (slots - 1) * step, slot_hours, slots, max(t_at, trace.last_time))
+    start = t_at - (slots - 1) * step
+    return _in_force(trace, names, start, slot_hours, slots, max(t_at, trace.last_time), on_demand_slot=slots - 1)
 
 
 def _in_force(
-    trace: Trace, names: tuple[str, ...], t0: float, slot_hours: float, num_slots: int, end: float
+    trace: Trace, names: tuple[str, ...], t0: float, slot_hours: float, num_slots: int, end: float, on_demand_slot: int
 ) -> SlotMarket:
-    """Each pool's state in force at the starts of ``num_slots`` slots from ``t0``; ``end`` is
-    when the data ends, for the warnings about holes that run to it."""
+    """Each pool's state in force at the starts of ``num_slots`` slots from ``t0``, the on-demand
+    price (the cheapest pool's) at slot ``on_demand_slot``; ``end`` is when the data ends, for
+    the warnings about holes that run to it."""
     step = slot_hours * 3600.0
     instants = t0 + step * np.arange(num_slots)
     hole = HOLE_FACTOR * trace.tick_seconds
@@ -187,7 +189,7 @@ def _in_force(
         prices[:, m] = series.spot_price[safe]
         fresh = seen & (instants - series.times[safe] <= hole)
         available[:, m] = np.where(fresh, series.available[safe], 0)
-        on_demand.append(series.on_demand_price[safe[0]])
+        on_demand.append(series.on_demand_price[safe[on_demand_slot]])
         for span, slots in _holes(trace.first_time, end, series.times, idx[~fresh]).items():
             pools, most = holes.get(span, ([], 0))
             holes[span] = (pools + [name], max(most, slots))

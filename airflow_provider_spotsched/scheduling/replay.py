@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -59,7 +59,9 @@ def job_market(
         raise TraceError(
             f"the job starting {format_timestamp(start)} needs {job.horizon_slots} slots up to its hard deadline: {exc}"
         ) from None
-    return JobMarket(market, offset)
+    # the job pays the on-demand price in force at its submission, not at its history's start
+    at_submission = resample(trace, start, job.slot_hours, 1, pools).on_demand_price
+    return JobMarket(replace(market, on_demand_price=at_submission), offset)
 
 
 @dataclass
