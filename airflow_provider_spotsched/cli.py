@@ -351,7 +351,7 @@ def _live_forecast(args: argparse.Namespace, trace: Trace, pools: list[str] | No
     except TraceError as exc:
         raise InputError(str(exc)) from None
     market = snapshot.market
-    forecaster = _forecaster(args.model)
+    forecaster = _forecaster(args.model, slot_hours=market.slot_hours)
     try:
         forecast = forecaster.forecast(market, args.horizon)
     except ValueError as exc:
@@ -368,11 +368,12 @@ def _live_forecast(args: argparse.Namespace, trace: Trace, pools: list[str] | No
     return 0
 
 
-def _forecaster(name: str, option: str = "--model") -> Forecaster:
-    """Forecaster ``name`` with its defaults; the oracle is refused, it would read the future."""
+def _forecaster(name: str, option: str = "--model", slot_hours: float | None = None) -> Forecaster:
+    """Forecaster ``name`` with its defaults (a daily season of ``slot_hours`` slots); the oracle is
+    refused, it would read the future."""
     if name not in LIVE_FORECASTERS:
         raise InputError(f"{option} {name!r}: unknown forecaster; choose from {list(LIVE_FORECASTERS)}")
-    return make_forecaster(name)
+    return make_forecaster(name, slot_hours=slot_hours)
 
 
 def _backtest(args: argparse.Namespace, trace: Trace, pools: list[str] | None) -> int:

@@ -16,11 +16,16 @@ def load(kind: str, table: Mapping[str, str], name: str) -> type[Any]:
     return getattr(importlib.import_module(module), cls)
 
 
+def parameters(kind: str, table: Mapping[str, str], name: str) -> list[str]:
+    """The parameters the class ``table[name]`` is built with, in order."""
+    return [p for p in inspect.signature(load(kind, table, name).__init__).parameters if p != "self"]
+
+
 def build(kind: str, table: Mapping[str, str], name: str, params: Mapping[str, Any] | None = None) -> Any:
     """An instance of ``table[name]`` built with ``params``, naming any parameter it does not take."""
     cls = load(kind, table, name)
     params = dict(params or {})
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    accepted = parameters(kind, table, name)
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise ValueError(f"{kind} {name!r} takes no parameter(s) {unknown}; it takes {accepted}")

@@ -55,6 +55,12 @@ def test_errors_match_a_hand_computation():
     assert np.isnan(skill[:, :, 1]).all()  # persistence exact on a constant price: no ratio
 
 
+def test_a_daily_season_is_a_day_of_the_markets_slots():
+    """On 8-hour slots a day is 3 slots: seasonal naive repeats pool 0's cycle exactly untold."""
+    result = run_backtest(make_market(PRICES, COUNTS, slot_hours=8.0), ["seasonal-naive"], horizon=2, step=2, min_history=4)
+    np.testing.assert_allclose(result.mae("available")[0], 0.0)
+
+
 def test_mape_skips_zero_actuals():
     result = run_backtest(MARKET, ["persistence"], horizon=1, step=1, min_history=4)
     mape, points = result.mape("available")

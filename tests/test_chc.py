@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
+from airflow_provider_spotsched.forecast.persistence import PersistenceForecaster
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.chc import DEFAULT_EARLY_PREFERENCE, CHCPolicy, supply_curve
@@ -109,6 +110,23 @@ def test_oracle_makes_chc_use_the_future_and_reset_repeats_a_run():
     again = simulate(policy, make_job(), whole(market))
     assert first.allocations == again.allocations
     assert not make_policy("chc").uses_future
+
+
+def test_the_forecasters_daily_season_is_a_day_of_the_jobs_slots():
+    """Seasonal naive's default 24 slots are a day of hourly slots only; a forecaster a caller put
+    in CHC's place (the solver operator's given forecasts) is kept."""
+    policy = CHCPolicy(forecaster="seasonal-naive")
+    hourly = policy.forecaster
+    policy.reset(make_job())
+    assert policy.forecaster is hourly and hourly.params()["season_slots"] == 24
+    policy.reset(make_job(slot_hours=0.5))
+    assert policy.forecaster.params()["season_slots"] == 48
+    policy.reset(make_job())
+    assert policy.forecaster.params()["season_slots"] == 24
+    given = PersistenceForecaster()
+    policy.forecaster = given
+    policy.reset(make_job(slot_hours=0.5))
+    assert policy.forecaster is given
 
 
 def test_params_and_label():

@@ -127,6 +127,20 @@ def test_at_on_a_tick_forecasts_from_that_tick(tmp_path, trace_file):
     assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
 
 
+@pytest.mark.parametrize(("slot_hours", "expected"), [("1", [0.0] * 4), ("0.5", [8.0, 0.0, 0.0, 0.0])])
+def test_seasonal_naive_copies_the_slot_a_day_earlier_whatever_the_slot_length(tmp_path, slot_hours, expected):
+    """A pool full from 00:00 to 12:00 UTC and empty after, forecast from 11:00: on half-hour slots
+    24 slots back is 23:30 the day before (empty), a day back is 11:30 (full)."""
+    trace = tmp_path / "daily.csv"
+    start = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    ticks = [start + timedelta(minutes=15 * i) for i in range(3 * 24 * 4 + 4 * 11 + 1)]  # to 2025-01-04T11:00
+    rows = [f"{format_timestamp(t)},z,1.0,{8 if t.hour < 12 else 0},5.0" for t in ticks]
+    trace.write_text("\n".join(["timestamp,market,spot_price,available,on_demand_price", *rows]) + "\n")
+    out = tmp_path / "f.json"
+    assert forecast(trace, out, "--model", "seasonal-naive", "--slot-hours", slot_hours, at="2025-01-04T11:00:00Z", horizon=4) == 0
+    assert json.loads(out.read_text())["pools"]["z"]["available"] == expected
+
+
 def _last_tick(trace: Path) -> datetime:
     return datetime.fromtimestamp(load_trace(trace).last_time, timezone.utc)
 

@@ -11,8 +11,9 @@ from airflow_provider_spotsched import GCP_TRACE
 from airflow_provider_spotsched.cli import main
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.market.history import MarketHistoryStore
+from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.source import TraceFileSource, clip
-from airflow_provider_spotsched.market.trace import TraceError
+from airflow_provider_spotsched.market.trace import TraceError, parse_timestamp
 from airflow_provider_spotsched.operators.forecast import SpotMarketForecastOperator
 
 AT = "2025-10-11T04:10:00Z"
@@ -38,6 +39,16 @@ def test_the_document_is_the_one_the_cli_writes(tmp_path, model):
     document = json.loads(json.dumps(operator.execute({})))  # as XCom stores it
     assert document == cli_document(tmp_path, model, [2, 4])
     assert set(document["pools"]["us-east4-a"]["p_available_at_least"]) == {"1", "2", "4"}
+
+
+def test_seasonal_naive_on_half_hour_slots_copies_the_state_a_day_earlier():
+    operator = SpotMarketForecastOperator(task_id="forecast", market="gcp", pools=POOLS, at=AT, model="seasonal-naive",
+                                          horizon=8, slot_hours=0.5, history_hours=72.0)
+    document = operator.execute({})
+    day_before = resample(TraceFileSource(GCP_TRACE).trace, start=parse_timestamp(AT) - timedelta(hours=23.5),
+                          slot_hours=0.5, num_slots=8, pools=POOLS)
+    for m, pool in enumerate(POOLS):
+        assert document["pools"][pool]["available"] == day_before.available[:, m].astype(float).tolist()
 
 
 def test_at_defaults_to_the_logical_date_and_reads_nothing_after_it(tmp_path):

@@ -27,6 +27,20 @@ def test_every_forecaster_in_the_registry_is_built_by_name():
         make_forecaster("persistence", {"season_slots": 3})
 
 
+@pytest.mark.parametrize(("slot_hours", "season"), [(1.0, 24), (0.5, 48), (0.25, 96), (3.0, 8), (48.0, 1)])
+@pytest.mark.parametrize("name", ["seasonal-naive", "arima", "holt-winters", "auto"])
+def test_a_daily_season_is_a_day_of_the_markets_slots(name, slot_hours, season):
+    """24 slots are a day of hourly slots only: on half-hour slots seasonal naive would copy the
+    slot half a day back, the opposite phase of a daily cycle."""
+    assert make_forecaster(name, slot_hours=slot_hours).params()["season_slots"] == season
+    assert make_forecaster(name, {"season_slots": 5}, slot_hours=slot_hours).params()["season_slots"] == 5  # given, kept
+
+
+def test_a_forecaster_without_a_season_ignores_the_slot_hours():
+    assert make_forecaster("markov-count", slot_hours=0.5).params() == make_forecaster("markov-count").params()
+    assert isinstance(make_forecaster("persistence", slot_hours=0.5), PersistenceForecaster)
+
+
 @pytest.mark.parametrize("forecaster", [PersistenceForecaster(), SeasonalNaiveForecaster(3), OracleForecaster(0.3)])
 def test_requests_that_cannot_be_answered_are_refused(forecaster):
     if isinstance(forecaster, OracleForecaster):

@@ -17,6 +17,7 @@ import pytest
 from airflow_provider_spotsched.sensors.market import SpotMarketSensor
 from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
 from tests.airflow_env import AirflowHome, airflow_home  # noqa: F401  (the session fixture)
+from tests.markets import make_market
 from tests.task_context import first_payload, rebuilt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,6 +82,14 @@ def test_fires_when_enough_instances_are_likely_available_ahead(tmp_path):
     assert event["reason"] == "availability"
     assert event["details"] == {"pool": "pool-b", "probability": 1.0, "slots": 3}
     assert datetime.fromisoformat(event["market_time"].replace("Z", "+00:00")) >= SWITCH
+
+
+def test_the_availability_forecast_repeats_a_day_of_the_markets_slots():
+    """On 8-hour slots a day is 3 slots: pool-0, full in the first slot of each day, will be full
+    in the next one; 24 slots back lies before the history, where seasonal naive repeats the last."""
+    market = make_market([[3.0]] * 9, [[4], [0], [0]] * 3, slot_hours=8.0)
+    conditions = StartConditions(min_available=2, min_probability=0.9, hours_ahead=8.0, forecaster="seasonal-naive")
+    assert conditions.availability(market) == {"pool": "pool-0", "probability": 1.0, "slots": 1}
 
 
 def test_fires_when_the_schedulers_plan_starts_on_spot(tmp_path):

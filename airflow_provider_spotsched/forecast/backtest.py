@@ -283,7 +283,7 @@ def run_backtest(
             f"the market has {market.num_slots} slots; {history} of history plus {horizon} ahead leave no origin: "
             f"lower min_history or the horizon, or use a longer trace"
         )
-    builders = {name: functools.partial(make_forecaster, name, (params or {}).get(name)) for name in names}
+    builders = {name: functools.partial(make_forecaster, name, (params or {}).get(name), market.slot_hours) for name in names}
     if any(builder().uses_future for builder in builders.values()):
         raise BacktestError("models include the oracle, which reads the realised future; backtest real forecasters")
     counts = tuple(sorted({1, *(int(n) for n in at_least)}))

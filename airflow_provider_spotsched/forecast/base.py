@@ -22,11 +22,14 @@ Z80 = float(ndtri(0.9))  # the bounds of an 80% central interval are the point +
 class Forecast:
     """What a forecaster predicts for slots now+1 .. now+h of every pool.
 
-    ``spot_price[h, M]`` and ``available[h, M]`` are the point forecasts; for availability, the
-    median of the count distribution, which minimises absolute error (the expectation of a pool
-    that is either full or empty is a count it never takes; a Gaussian model's mean is its
-    median). The optional parts carry uncertainty: ``*_interval`` is a (lower, upper) pair of
-    ``[h, M]`` arrays (an 80% interval), and ``available_distribution[h, M, C + 1]`` is the
+    ``spot_price[h, M]`` and ``available[h, M]`` are the point forecasts. For availability a count
+    chain's point is the median of its count distribution, which minimises absolute error (the
+    expectation of a pool that is either full or empty is a count it never takes), and a Gaussian
+    model's mean is its median; persistence and seasonal naive inside the statistical forecasters
+    forecast the count they copy and take its chances from what followed that count
+    (:func:`~.series.lagged_counts`), so their point need not be that distribution's median. The
+    optional parts carry uncertainty: ``*_interval`` is a (lower, upper) pair of ``[h, M]`` arrays
+    (an 80% interval), and ``available_distribution[h, M, C + 1]`` is the
     probability of each count 0..C. ``models`` names the model behind each pool's forecast.
     """
 

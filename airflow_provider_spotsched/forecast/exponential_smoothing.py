@@ -120,7 +120,10 @@ def fit_holt_winters(y: np.ndarray, season: int = 24) -> FittedSeries:
     base = {"error": "add", "initialization_method": "heuristic"}
     if np.ptp(y) == 0:
         fitted = FittedSmoothing("holt-winters(N,N)", alpha=0.5, beta=0.0, gamma=0.0, phi=1.0, sigma=0.0)
-        return fitted.update(y)
+        # Centred on the constant with the level at 0, so the forecast is the constant itself; a level
+        # smoothed up from 0 over the history would fall short of it by (1 - alpha)^n.
+        fitted.center, fitted.seen = float(y[0]), y.size
+        return fitted
     center, scale = float(y.mean()), float(y.std())
     z = pd.Series((y - center) / scale)
     seasonal = season > 1 and y.size >= 2 * season and seasonal_strength(y, season) >= SEASONAL_STRENGTH

@@ -91,7 +91,7 @@ class SpotMarketForecastOperator(BaseOperator):
             self.market, at, self.slot_hours, self.pools, self.history_hours, self.max_staleness_hours
         )
         market = snapshot.market
-        forecaster = make_forecaster(self.model)
+        forecaster = make_forecaster(self.model, slot_hours=market.slot_hours)
         forecast = forecaster.forecast(market, self.horizon)
         document = forecast_document(forecast, market, at, self.at_least, forecaster.name, snapshot)
         self.log.info("forecast of %d slots after %s for %s", self.horizon, document["at"], ", ".join(market.pools))

@@ -668,7 +668,7 @@ class OnlineRun:
         remaining = self.config.job.horizon_slots - self.slot - 1
         if remaining < 1:
             return None
-        forecaster = make_forecaster(self.config.forecaster)
+        forecaster = make_forecaster(self.config.forecaster, slot_hours=self.market.slot_hours)
         forecast = forecaster.forecast(self.market, min(LOG_FORECAST_SLOTS, remaining))
         return {
             p: {"spot_price": forecast.spot_price[:, m].tolist(), "available": forecast.available[:, m].tolist()}

@@ -38,7 +38,7 @@ def absolute_errors(forecaster: str, origins: Sequence[Origin]) -> dict[str, np.
     errors: dict[str, list[np.ndarray]] = {q: [] for q in QUANTITIES}
     for origin in origins:
         market, offset = origin.market.market, origin.market.offset
-        forecast = make_forecaster(forecaster).forecast(market.prefix(offset + 1), LEADS)
+        forecast = make_forecaster(forecaster, slot_hours=market.slot_hours).forecast(market.prefix(offset + 1), LEADS)
         realised = {"available": market.available, "spot_price": market.spot_price}
         predicted = {"available": forecast.available, "spot_price": forecast.spot_price}
         for quantity in QUANTITIES:

@@ -86,7 +86,8 @@ class StartConditions:
         if self.min_available is None:
             return None
         slots = max(1, math.ceil(self.hours_ahead / market.slot_hours - 1e-9))
-        chance = make_forecaster(self.forecaster).forecast(market, slots).p_available_at_least(self.min_available)
+        forecast = make_forecaster(self.forecaster, slot_hours=market.slot_hours).forecast(market, slots)
+        chance = forecast.p_available_at_least(self.min_available)
         worst = chance.min(axis=0)
         best = int(np.argmax(worst))
         if worst[best] < self.min_probability:

@@ -132,8 +132,9 @@ class CHCPolicy(Policy):
         self.uncertainty, self.level = uncertainty, level
         self.window, self.commit = int(window), int(commit)
         self.terminal_price = terminal_price
-        self.forecaster_name = forecaster
+        self.forecaster_name, self._forecaster_params = forecaster, params
         self.forecaster: Forecaster = make_forecaster(forecaster, params)
+        self._built, self._built_for = self.forecaster, 1.0  # the forecaster CHC built, for slots of these hours
         self.uses_future = self.forecaster.uses_future
         # Waiting for spot to come back is a hedge against the forecast; the oracle's is the truth.
         self.defer_on_demand = not self.uses_future if defer_on_demand is None else defer_on_demand
@@ -161,6 +162,10 @@ class CHCPolicy(Policy):
 
     def reset(self, job: Job) -> None:
         self._committed, self._counted = [], []
+        if self.forecaster is self._built and job.slot_hours != self._built_for:
+            # A daily season of the job's slots; a forecaster a caller put in its place is kept.
+            self.forecaster = self._built = make_forecaster(self.forecaster_name, self._forecaster_params, job.slot_hours)
+            self._built_for = job.slot_hours
 
     def planned(self) -> list[Allocation]:
         return list(self._committed)
