@@ -143,3 +143,17 @@ def test_a_hugging_face_token_secret_on_the_local_backend_is_refused_before_anyt
     with pytest.raises(JobError, match=r"^hf_token_secret is read on cloud instances \(ec2, gce\), not with backend='local'"):
         operator(tmp_path, hf_token_secret="projects/p/secrets/hf/versions/latest").execute(context)
     assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+@pytest.mark.parametrize("pool", ["europe-west10-a", "europe-west12-b", "us-east4-a"])
+def test_a_pool_whose_region_only_starts_like_one_of_regions_is_refused_before_anything_launches(tmp_path, pool):
+    """europe-west10 is no part of europe-west1: a region is matched whole, not as a prefix of the zone."""
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=rf"^pools \['{pool}'\] lie outside regions=\['europe-west1'\]"):
+        operator(tmp_path, pools=[pool], regions=["europe-west1"]).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+def test_zones_of_the_regions_given_pass_the_region_check(tmp_path):
+    """A GCE zone is its region, a dash and a letter; an EC2 availability zone its region and a letter."""
+    operator(tmp_path, pools=["europe-west1-c", "us-east-1a"], regions=["europe-west1", "us-east-1"])._check_regions()

@@ -68,6 +68,7 @@ from airflow_provider_spotsched.scheduling.model import (
 )
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, check_budget
 from airflow_provider_spotsched.scheduling.policies import POLICIES
+from airflow_provider_spotsched.scheduling.policies.uniform_progress_multi import cloud_region
 from airflow_provider_spotsched.scheduling.selector_store import starting_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 
@@ -159,7 +160,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     :param pools: spot pools (zones / availability zones) the job may use, each once: a list, or
         one comma-separated string (what a template renders to).
     :param instance_type: the instance (EC2) or machine (GCE) type of cloud backends.
-    :param regions: if given, every pool must lie in one of these regions.
+    :param regions: if given, every pool must lie in one of these regions (its zone name less the zone letter).
     :param market_source: the pools' live market (cloud backends): a :class:`MarketSource`, or a
         :class:`~airflow_provider_spotsched.hooks.market_spec.MarketSpec` or its dict (kind,
         connection id, options; the connection is checked before launching). The local backend
@@ -522,8 +523,10 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         return _names(self.pools, "pools")
 
     def _check_regions(self) -> None:
+        """Every pool's region (its zone name less the zone letter) must be one of ``regions``: a
+        prefix is no region (``europe-west10-a`` lies outside ``europe-west1``)."""
         if self.regions:
-            outside = [p for p in self._pools() if not any(p.startswith(r) for r in self.regions)]
+            outside = [p for p in self._pools() if cloud_region(p) not in self.regions]
             if outside:
                 raise JobError(f"pools {outside} lie outside regions={list(self.regions)}; drop them or add their regions")
 
