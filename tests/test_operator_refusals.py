@@ -157,3 +157,26 @@ def test_a_pool_whose_region_only_starts_like_one_of_regions_is_refused_before_a
 def test_zones_of_the_regions_given_pass_the_region_check(tmp_path):
     """A GCE zone is its region, a dash and a letter; an EC2 availability zone its region and a letter."""
     operator(tmp_path, pools=["europe-west1-c", "us-east-1a"], regions=["europe-west1", "us-east-1"])._check_regions()
+
+
+def test_a_deadline_rendered_to_text_is_read_as_hours(tmp_path):
+    """A template renders hours to text ("{{ params.hours }}" -> "6"): that is 6 hours, not a bad timestamp."""
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, deadline="6")
+    start(op, context)
+    try:
+        assert context["task_state_store"].get(STATE_KEY)["run"]["config"]["job"]["deadline_hours"] == 6.0
+    finally:
+        op.on_kill()
+
+
+@pytest.mark.parametrize(
+    ("deadline", "message"),
+    [("-1", r"^deadline='-1': must be a duration > 0"), ("nan", r"^deadline=nan: not a finite number"),
+     ("soon", r"^deadline='soon': neither hours nor an ISO-8601 timestamp; give hours")],
+)
+def test_a_deadline_rendered_to_bad_text_is_refused_before_anything_launches(tmp_path, deadline, message):
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=message):
+        operator(tmp_path, deadline=deadline).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)

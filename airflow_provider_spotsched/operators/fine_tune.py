@@ -489,19 +489,27 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         return given[0][1]
 
     def _deadline_hours(self, now: datetime, seconds_per_slot: float) -> float:
-        """Hours on the run's clock; a timestamp counts on the wall clock (sped up on a replay)."""
+        """Hours on the run's clock; a timestamp counts on the wall clock (sped up on a replay).
+
+        Text is hours where it reads as a number (a template renders ``6`` to ``"6"``), else an ISO timestamp."""
         deadline = self.deadline
+        if isinstance(deadline, str):
+            try:
+                deadline = float(deadline)
+            except ValueError:
+                pass
         if isinstance(deadline, (timedelta, int, float)):
             hours = deadline.total_seconds() / 3600.0 if isinstance(deadline, timedelta) else as_number("deadline", deadline)
             if hours <= 0:
-                raise JobError(f"deadline={deadline!r}: must be a duration > 0 from the task's start; give a later deadline")
+                raise JobError(f"deadline={self.deadline!r}: must be a duration > 0 from the task's start; give a later deadline")
             return hours
         if isinstance(deadline, str):
             try:
                 deadline = datetime.fromisoformat(deadline.replace("Z", "+00:00"))
             except ValueError:
                 raise JobError(
-                    f"deadline {self.deadline!r} is not an ISO-8601 timestamp; give hours, a timedelta or a datetime"
+                    f"deadline={self.deadline!r}: neither hours nor an ISO-8601 timestamp; give hours (e.g. 6), "
+                    "a timedelta or a UTC timestamp"
                 ) from None
         if isinstance(deadline, datetime):
             if deadline.tzinfo is None:
