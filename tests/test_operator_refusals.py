@@ -6,6 +6,8 @@ The operator is tests/test_operator.py's, on the local backend over the replayed
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from airflow_provider_spotsched.operators.fine_tune import STATE_KEY
 from airflow_provider_spotsched.operators.solver import SpotAllocationSolverOperator
 from airflow_provider_spotsched.scheduling.model import JobError
 from tests.task_context import TaskContext, TaskStateStore
-from tests.test_operator import operator, start
+from tests.test_operator import MARKET_START, operator, start
 
 
 def nothing_launched(tmp_path: Path) -> bool:
@@ -179,4 +181,37 @@ def test_a_deadline_rendered_to_bad_text_is_refused_before_anything_launches(tmp
     context = TaskContext(TaskStateStore())
     with pytest.raises(JobError, match=message):
         operator(tmp_path, deadline=deadline).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+def test_dict_parameters_rendered_to_json_text_are_read_as_dicts(tmp_path):
+    """A template renders a dict to JSON text ("{{ params.opts | tojson }}"); the run reads the object."""
+    context = TaskContext(TaskStateStore())
+    options = {"workdir": str(tmp_path / "local"), "seconds_per_slot": 3.0, "market_start": MARKET_START}
+    op = operator(tmp_path, backend_options=json.dumps(options), policy="chc", policy_params='{"window": 4}',
+                  throughput='{"alpha": 60}')
+    start(op, context)
+    try:
+        config = context["task_state_store"].get(STATE_KEY)["run"]["config"]
+        assert config["policy_params"] == {"window": 4} and config["job"]["throughput"]["alpha"] == 60.0
+        assert not nothing_launched(tmp_path)  # in the workdir the rendered backend_options named
+    finally:
+        op.on_kill()
+
+
+def test_a_training_config_rendered_to_json_text_is_read_as_the_config(tmp_path):
+    """Its batch_size is read from the text: the same refusal as for the dict, not 'got str'."""
+    op = operator(tmp_path, command=None, training_config='{"samples": 160, "batch_size": 4}', max_instances=3)
+    with pytest.raises(JobError, match=r"^training_config's batch_size=4 is split evenly"):
+        op.execute(TaskContext(TaskStateStore()))
+    assert nothing_launched(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["backend_options", "policy_params", "training_config", "throughput"])
+@pytest.mark.parametrize("text", ["{{ not rendered }}", "[1, 2]"])
+def test_a_dict_parameter_rendered_to_no_json_object_is_refused_naming_it(tmp_path, name, text):
+    context = TaskContext(TaskStateStore())
+    overrides = {"command": None} if name == "training_config" else {}
+    with pytest.raises(JobError, match=rf"^{name}='{re.escape(text)}': neither a dict nor JSON text of an object; give a dict"):
+        operator(tmp_path, **{name: text, **overrides}).execute(context)
     assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)

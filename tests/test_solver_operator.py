@@ -90,6 +90,20 @@ def test_a_state_from_online_run_to_state_is_continued_too():
     assert result["slot"] == 1 and result["policy"].startswith("chc(")
 
 
+def test_the_job_and_policy_params_rendered_to_json_text_are_read_as_dicts():
+    """Templated fields render to text (``| tojson``) unless the DAG renders native objects."""
+    given, _ = solve(job=JOB, pools=POOLS, at=AT, policy_params={"window": 4})
+    assert solve(job=json.dumps(JOB), pools=POOLS, at=AT, policy_params='{"window": 4}')[0] == given
+    assert given["policy"].startswith("chc(window=4,")
+
+
+@pytest.mark.parametrize("name", ["job", "policy_params"])
+def test_a_job_or_policy_params_rendered_to_no_json_object_is_refused_naming_it(name):
+    fields: dict[str, Any] = {"job": JOB, "pools": POOLS, "at": AT, name: "{{ not rendered }}"}
+    with pytest.raises(JobError, match=rf"^{name}='{{{{ not rendered }}}}': neither a dict nor JSON text of an object"):
+        solve(**fields)
+
+
 def test_bad_input_is_refused_with_the_field_to_fix():
     with pytest.raises(JobError, match="give job"):
         solve(at=AT)

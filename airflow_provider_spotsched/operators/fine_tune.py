@@ -65,6 +65,7 @@ from airflow_provider_spotsched.scheduling.model import (
     as_number,
     check_field,
     check_overhead,
+    shown,
 )
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, check_budget
 from airflow_provider_spotsched.scheduling.policies import POLICIES
@@ -94,6 +95,25 @@ def rendered_number(name: str, value: Any, integer: bool = False) -> Any:
     except ValueError:
         kind = "an integer" if integer else "a number"
         raise JobError(f"{name}={value!r} is not {kind}; check the template or XCom that gives it") from None
+
+
+def rendered_object(name: str, value: Any) -> dict[str, Any] | None:
+    """A templated dict as a dict: a template renders to JSON text (``| tojson``) unless the DAG
+    renders native objects; ``None`` or empty text is ``None``."""
+    if value is None or value == "":
+        return None
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(parsed, Mapping):
+        raise JobError(
+            f"{name}={shown(value)}: neither a dict nor JSON text of an object; give a dict, or render it with "
+            "| tojson (or set render_template_as_native_obj=True on the DAG)"
+        )
+    return dict(parsed)
 
 
 def max_instances_limit() -> int:
@@ -360,6 +380,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         if saved:
             self.log.info("re-attaching to job %s, left by a previous try", saved["job"]["job_id"])
             return self._resume(context, saved, reattach=True)
+        for name in ("backend_options", "training_config", "policy_params"):  # JSON text where a template rendered it
+            setattr(self, name, rendered_object(name, getattr(self, name)))
         spec = self._backend_spec()
         env = build_environment(spec, self.slot_hours, self._market_source())
         driver = self._start(context, spec, env)
@@ -445,13 +467,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         return driver
 
     def _job(self, now: datetime, seconds_per_slot: float) -> Job:
-        throughput = self.throughput
-        if isinstance(throughput, str):  # a template rendered to JSON text
-            try:
-                throughput = json.loads(throughput)
-            except json.JSONDecodeError:
-                throughput = None
-        if not isinstance(throughput, Mapping) or "alpha" not in throughput:
+        throughput = rendered_object("throughput", self.throughput)
+        if throughput is None or "alpha" not in throughput:
             raise JobError(f'throughput must be {{"alpha": samples/hour per instance, "beta": ...}}, got {self.throughput!r}')
         alpha, beta = (
             as_number(f"throughput.{k}", rendered_number(f"throughput.{k}", throughput.get(k, 0.0))) for k in ("alpha", "beta")
