@@ -215,3 +215,16 @@ def test_a_dict_parameter_rendered_to_no_json_object_is_refused_naming_it(tmp_pa
     with pytest.raises(JobError, match=rf"^{name}='{re.escape(text)}': neither a dict nor JSON text of an object; give a dict"):
         operator(tmp_path, **{name: text, **overrides}).execute(context)
     assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("steps", "batch_size", "message"),
+    [("-10", "-16", r"^steps=-10: must be >= 1"), ("10", "0", r"^batch_size=0: must be >= 1"),
+     ("2.5", "64", r"^steps='2.5' is not an integer")],
+)
+def test_steps_and_batch_size_rendered_to_no_count_are_refused_before_anything_launches(tmp_path, steps, batch_size, message):
+    """The parse-time checks hold for the rendered text too: -10 * -16 is no job of 160 samples."""
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=message):
+        operator(tmp_path, work=None, steps=steps, batch_size=batch_size).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)

@@ -97,6 +97,14 @@ def rendered_number(name: str, value: Any, integer: bool = False) -> Any:
         raise JobError(f"{name}={value!r} is not {kind}; check the template or XCom that gives it") from None
 
 
+def step_count(name: str, value: Any) -> int:
+    """``steps`` or ``batch_size``: a whole number >= 1 (a negative pair would multiply to a size)."""
+    count = as_count(name, value)
+    if count < 1:
+        raise JobError(f"{name}={value!r}: must be >= 1; give a whole number")
+    return count
+
+
 def rendered_object(name: str, value: Any) -> dict[str, Any] | None:
     """A templated dict as a dict: a template renders to JSON text (``| tojson``) unless the DAG
     renders native objects; ``None`` or empty text is ``None``."""
@@ -364,8 +372,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             if isinstance(value, (int, float)):
                 check_field(name, value)
         for name in ("steps", "batch_size"):
-            if isinstance(value := getattr(self, name), (int, float)) and as_count(name, value) < 1:
-                raise JobError(f"{name}={value}: must be >= 1; give a whole number")
+            if isinstance(value := getattr(self, name), (int, float)):
+                step_count(name, value)
         if isinstance(self.budget, (int, float)):
             check_budget(self.budget)
         if isinstance(self.deadline, (timedelta, datetime, int, float)):
@@ -493,8 +501,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         if self.steps is not None or self.batch_size is not None:
             if self.steps is None or self.batch_size is None:
                 raise JobError("steps and batch_size go together: work = steps * batch_size (global batch)")
-            steps, batch_size = rendered_number("steps", self.steps), rendered_number("batch_size", self.batch_size)
-            given.append(("steps * batch_size", as_number("steps", steps) * as_number("batch_size", batch_size)))
+            steps, batch_size = (step_count(n, rendered_number(n, getattr(self, n), integer=True)) for n in ("steps", "batch_size"))
+            given.append(("steps * batch_size", float(steps * batch_size)))
         if self.training_config is not None:
             from airflow_provider_spotsched.runtime.config import TrainConfig
 
