@@ -118,3 +118,6 @@ def test_bad_input_is_refused_with_the_field_to_fix():
         solve(job=JOB, pools=POOLS, at=AT, forecast="{{ not rendered }}")
     with pytest.raises(ValueError, match="work_done must be a number"):
         solve(job=JOB, pools=POOLS, at=AT, work_done="lots")
+    for endless in ("inf", "nan", "-1"):  # no measured progress is infinite
+        with pytest.raises(ValueError, match=r"^work_done must be a finite number >= 0 of work units, got"):
+            solve(job=JOB, pools=POOLS, at=AT, work_done=endless)

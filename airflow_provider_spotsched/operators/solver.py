@@ -15,6 +15,7 @@ what they observed), and those must see the same forecasts again.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -150,8 +151,8 @@ class SpotAllocationSolverOperator(BaseOperator):
             value = float(self.work_done)
         except (TypeError, ValueError):
             raise ValueError(f"work_done must be a number of work units, got {self.work_done!r}") from None
-        if not 0 <= value:
-            raise ValueError(f"work_done must be >= 0 work units, got {value!r}")
+        if not 0 <= value < math.inf:
+            raise ValueError(f"work_done must be a finite number >= 0 of work units, got {value!r}")
         return value
 
 
