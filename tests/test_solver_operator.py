@@ -104,6 +104,21 @@ def test_a_job_or_policy_params_rendered_to_no_json_object_is_refused_naming_it(
         solve(**fields)
 
 
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [(lambda doc: doc["pools"].update({"us-east4-a": {}}),
+      r"^the forecast's pool\(s\) \['us-east4-a'\] lack \['available', 'model', 'spot_price'\]"),
+     (lambda doc: doc.update(pools=POOLS), r"^forecast must be a forecast document .*; got pools=\['us-east4-a', "),
+     (lambda doc: doc.update(slot_hours="x"), r"^forecast must be a forecast document .*; got pools=.*, slot_hours='x'")],
+    ids=["pool-without-fields", "pools-a-list", "slot-hours-text"],
+)
+def test_a_malformed_forecast_document_is_refused_saying_what_it_lacks(damage, message):
+    document = forecast(AT)
+    damage(document)
+    with pytest.raises(ValueError, match=message):
+        solve(job=JOB, pools=POOLS, at=AT, forecast=document)
+
+
 def test_bad_input_is_refused_with_the_field_to_fix():
     with pytest.raises(JobError, match="give job"):
         solve(at=AT)

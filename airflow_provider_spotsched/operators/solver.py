@@ -30,7 +30,7 @@ from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.operators.fine_tune import job_id_for, max_instances_limit, rendered_object
 from airflow_provider_spotsched.operators.forecast import forecast_instant
-from airflow_provider_spotsched.scheduling.model import Job, JobError, as_number, check_field
+from airflow_provider_spotsched.scheduling.model import Job, JobError, as_number, check_field, shown
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import POLICIES
 
@@ -186,8 +186,12 @@ class GivenForecasts(Forecaster):
 
 def check_forecast(document: Mapping[str, Any], run: OnlineRun, at: datetime) -> None:
     """Refuse a forecast made for another instant, slot length or set of pools than the run's."""
+    shape = "forecast must be a forecast document (at, slot_hours, pools by name), as SpotMarketForecastOperator returns"
     if "pools" not in document or "at" not in document or "slot_hours" not in document:
-        raise ValueError("forecast must be a forecast document (at, slot_hours, pools), as SpotMarketForecastOperator returns")
+        raise ValueError(shape)
+    if not isinstance(document["pools"], Mapping) or isinstance(document["slot_hours"], bool) \
+            or not isinstance(document["slot_hours"], (int, float)):
+        raise ValueError(f"{shape}; got pools={shown(document['pools'])}, slot_hours={shown(document['slot_hours'])}")
     if document["at"] != format_timestamp(at):
         raise ValueError(f"the forecast was made at {document['at']}, this slot starts at {format_timestamp(at)}; forecast at the same at")
     if float(document["slot_hours"]) != run.market.slot_hours:
@@ -195,4 +199,8 @@ def check_forecast(document: Mapping[str, Any], run: OnlineRun, at: datetime) ->
     missing = [p for p in run.config.pools if p not in document["pools"]]
     if missing:
         raise ValueError(f"the forecast has no pool(s) {missing}; forecast the run's pools {list(run.config.pools)}")
+    fields = {"model", "spot_price", "available"}
+    partial = [p for p in run.config.pools if not isinstance(document["pools"][p], Mapping) or not fields <= set(document["pools"][p])]
+    if partial:
+        raise ValueError(f"the forecast's pool(s) {partial} lack {sorted(fields)}; {shape}")
 
