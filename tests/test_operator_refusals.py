@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_spotsched.backends.local import LocalBackend
+from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.operators.fine_tune import STATE_KEY
 from airflow_provider_spotsched.operators.solver import SpotAllocationSolverOperator
 from airflow_provider_spotsched.scheduling.model import JobError
@@ -228,3 +229,13 @@ def test_steps_and_batch_size_rendered_to_no_count_are_refused_before_anything_l
     with pytest.raises(JobError, match=message):
         operator(tmp_path, work=None, steps=steps, batch_size=batch_size).execute(context)
     assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+def test_a_market_source_rendered_to_json_text_is_read_as_the_specs_dict(tmp_path):
+    """Not as a trace path named '{"kind": ...}': a template renders the spec's dict to JSON text."""
+    spec = operator(tmp_path, market_source='{"kind": "trace", "options": {"path": "gcp"}}')._market_source()
+    assert isinstance(spec, MarketSpec) and (spec.kind, spec.options) == ("trace", {"path": "gcp"})
+    for text, message in (('{"path": "gcp"}', r"^market_source='\{\"path\": \"gcp\"\}': a JSON object without 'kind'"),
+                          ("{oops", r"^market_source='\{oops': neither a dict nor JSON text of an object")):
+        with pytest.raises(JobError, match=message):
+            operator(tmp_path, market_source=text)._market_source()

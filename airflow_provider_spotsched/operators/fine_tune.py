@@ -546,10 +546,18 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         raise JobError(f"deadline must be hours, a timedelta or a UTC timestamp, got {self.deadline!r}")
 
     def _market_source(self) -> MarketSource | None:
-        """The (rendered) market source: a live source as given, or the spec its dict describes."""
+        """The (rendered) market source: a live source as given, or the spec its dict, or the JSON
+        text a template renders that dict to, describes; other text names a trace."""
         if self.market_source is None or isinstance(self.market_source, MarketSource):
             return self.market_source
-        return MarketSpec.coerce(self.market_source)
+        market = self.market_source
+        if isinstance(market, str) and market.lstrip().startswith("{"):  # no trace path starts so
+            spec = rendered_object("market_source", market)
+            if spec is None or "kind" not in spec:
+                raise JobError(f"market_source={shown(market)}: a JSON object without 'kind'; give the MarketSpec's dict, "
+                               'e.g. {"kind": "aws", "conn_id": "aws_default", "options": {...}}')
+            return MarketSpec.coerce(spec)
+        return MarketSpec.coerce(market)
 
     def _pools(self) -> tuple[str, ...]:
         """The rendered pools: a list, or a comma-separated string (a template renders to text)."""
