@@ -33,7 +33,7 @@ from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, g
 from airflow_provider_spotsched.market.trace import Trace, TraceError, load_trace, parse_timestamp
 from airflow_provider_spotsched.runtime.config import TrainConfig
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
-from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Job
+from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, MIN_SLOT_HOURS, Job
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy, policy_class
 from airflow_provider_spotsched.scheduling.replay import job_market, simulate
@@ -49,6 +49,8 @@ from airflow_provider_spotsched.simulation.evaluation import (
 )
 
 BAD_INPUT = 2
+MAX_SLOT_HOURS = 24 * 365.0
+"""The longest ``--slot-hours``: longer slots are no decisions, and past ~1e9 hours a date overflows."""
 
 
 class InputError(Exception):
@@ -186,8 +188,9 @@ def cmd_forecast(args: argparse.Namespace) -> int:
             f"--horizon {args.horizon}: must be 1..{MAX_HORIZON} slots; the forecasters model a daily season "
             f"and two seasons ahead they only repeat its profile"
         )
-    if not args.slot_hours > 0:
-        raise InputError(f"--slot-hours {args.slot_hours:g}: must be > 0 hours")
+    if not MIN_SLOT_HOURS <= args.slot_hours <= MAX_SLOT_HOURS:  # NaN and infinity fail too
+        raise InputError(f"--slot-hours {args.slot_hours:g}: must be from a minute ({MIN_SLOT_HOURS:.4g}) to a year "
+                         f"({MAX_SLOT_HOURS:g}) of hours; give e.g. 1")
     pools = _names(args.pools + args.market) or None
     try:
         trace = load_trace(args.trace)
@@ -208,6 +211,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         env = local_environment(settings, job.slot_hours)
     except (ValueError, TraceError) as exc:
         raise InputError(str(exc)) from None
+    try:
+        settings.workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--workdir {args.workdir}: cannot be a directory ({exc.strerror}); give a directory path") from None
     job_id = args.job_id or _job_id(args.job)
     state_file = settings.workdir / "runs" / f"{job_id}.json"
     selector_file = args.selector_state or settings.workdir / "selector.json"

@@ -207,7 +207,10 @@ def check_bad_input(args: list[str], words: list[str], capsys) -> None:
         ({"--at-least": "0"}, ["--at-least", ">= 1"]),
         ({"--model": "crystal-ball"}, ["--model", "crystal-ball", "persistence"]),
         ({"--model": "oracle"}, ["--model", "oracle", "unknown forecaster"]),
-        ({"--slot-hours": "0"}, ["--slot-hours", "> 0"]),
+        ({"--slot-hours": "0"}, ["--slot-hours 0:", "from a minute"]),
+        ({"--slot-hours": "inf"}, ["--slot-hours inf:", "from a minute (0.01667) to a year (8760) of hours"]),
+        ({"--slot-hours": "1e-9"}, ["--slot-hours 1e-09:", "from a minute"]),  # not a 1 TiB array of slots
+        ({"--slot-hours": "1e300"}, ["--slot-hours 1e+300:", "to a year"]),  # not a date past the calendar
     ],
 )
 def test_bad_input_exits_2_naming_the_option(tmp_path, trace_file, capsys, options, words):

@@ -70,6 +70,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert not (tmp_path / "work" / "runs").exists(), "nothing was started"
 
 
+def test_a_workdir_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "work").write_text("")  # run_args' --workdir
+    assert main(run_args(tmp_path, write_job(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spotsched run: error: --workdir {tmp_path / 'work'}: cannot be a directory (File exists)")
+    assert len(err.strip().splitlines()) == 1
+
+
 CHEAP_SELECTOR = ["--param", 'pool=[{"policy": "greedy"}, {"policy": "uniform-progress"}]', "--param", "warm_up_rounds=0"]
 
 

@@ -109,3 +109,10 @@ def test_bad_input_is_refused_with_the_field_to_fix():
         SpotMarketForecastOperator(task_id="f", market="gcp", at="yesterday").execute({})
     with pytest.raises(TraceError, match="pool"):
         SpotMarketForecastOperator(task_id="f", market="gcp", pools=["mars-1a"], at=AT).execute({})
+
+
+@pytest.mark.parametrize("pools", ["us-east4-a,europe-west1-c", "us-east4-a"])
+def test_pools_rendered_to_one_string_are_read_comma_separated(pools):
+    """pools is templated, so it renders to text: "us-east4-a" is one pool, not ten letters."""
+    operator = SpotMarketForecastOperator(task_id="forecast", market="gcp", pools=pools, at=AT, model="persistence", horizon=2)
+    assert list(operator.execute({})["pools"]) == pools.split(",")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -314,6 +315,20 @@ def test_a_spotsched_local_connection_configures_the_backend(tmp_path, monkeypat
     assert LocalSpotHook("my_local", seconds_per_slot=1.5).settings().seconds_per_slot == 1.5
     with pytest.raises(ValueError, match=r"connection 'my_local': seconds_per_slot must be a number of seconds > 0"):
         LocalSpotHook("my_local", seconds_per_slot=-1).settings()
+
+
+def test_a_spotsched_local_connection_in_uri_form_reads_its_numbers_from_text(tmp_path, monkeypatch):
+    """Airflow gives a URI's query extras as text: seconds_per_slot=10 is 10 seconds, not a refusal."""
+    monkeypatch.setenv("AIRFLOW_CONN_MY_LOCAL", f"spotsched-local://?workdir={tmp_path}&seconds_per_slot=10&history_slots=24")
+    settings = LocalSpotHook("my_local").settings()
+    assert (settings.workdir, settings.seconds_per_slot, settings.history_slots) == (tmp_path, 10.0, 24)
+    for query, message in (("seconds_per_slot=inf", "seconds_per_slot must be a number of seconds > 0, got inf"),
+                           ("seconds_per_slot=soon", "seconds_per_slot must be a number of seconds > 0, got 'soon'"),
+                           ("history_slots=1.5", "history_slots must be an integer >= 1, got '1.5'"),
+                           ("history_slots=0", "history_slots must be an integer >= 1, got 0")):
+        monkeypatch.setenv("AIRFLOW_CONN_MY_LOCAL", f"spotsched-local://?{query}")
+        with pytest.raises(ValueError, match=rf"^connection 'my_local': {re.escape(message)}$"):
+            LocalSpotHook("my_local").settings()
 
 
 def test_trigger_serialises_every_argument():

@@ -6,17 +6,20 @@ The operator is tests/test_operator.py's, on the local backend over the replayed
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from airflow_provider_spotsched.backends.local import LocalBackend
+from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.operators.fine_tune import STATE_KEY
 from airflow_provider_spotsched.operators.solver import SpotAllocationSolverOperator
 from airflow_provider_spotsched.scheduling.model import JobError
 from tests.task_context import TaskContext, TaskStateStore
-from tests.test_operator import operator, start
+from tests.test_operator import MARKET_START, operator, start
 
 
 def nothing_launched(tmp_path: Path) -> bool:
@@ -143,3 +146,96 @@ def test_a_hugging_face_token_secret_on_the_local_backend_is_refused_before_anyt
     with pytest.raises(JobError, match=r"^hf_token_secret is read on cloud instances \(ec2, gce\), not with backend='local'"):
         operator(tmp_path, hf_token_secret="projects/p/secrets/hf/versions/latest").execute(context)
     assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+@pytest.mark.parametrize("pool", ["europe-west10-a", "europe-west12-b", "us-east4-a"])
+def test_a_pool_whose_region_only_starts_like_one_of_regions_is_refused_before_anything_launches(tmp_path, pool):
+    """europe-west10 is no part of europe-west1: a region is matched whole, not as a prefix of the zone."""
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=rf"^pools \['{pool}'\] lie outside regions=\['europe-west1'\]"):
+        operator(tmp_path, pools=[pool], regions=["europe-west1"]).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+def test_zones_of_the_regions_given_pass_the_region_check(tmp_path):
+    """A GCE zone is its region, a dash and a letter; an EC2 availability zone its region and a letter."""
+    operator(tmp_path, pools=["europe-west1-c", "us-east-1a"], regions=["europe-west1", "us-east-1"])._check_regions()
+
+
+def test_a_deadline_rendered_to_text_is_read_as_hours(tmp_path):
+    """A template renders hours to text ("{{ params.hours }}" -> "6"): that is 6 hours, not a bad timestamp."""
+    context = TaskContext(TaskStateStore())
+    op = operator(tmp_path, deadline="6")
+    start(op, context)
+    try:
+        assert context["task_state_store"].get(STATE_KEY)["run"]["config"]["job"]["deadline_hours"] == 6.0
+    finally:
+        op.on_kill()
+
+
+@pytest.mark.parametrize(
+    ("deadline", "message"),
+    [("-1", r"^deadline='-1': must be a duration > 0"), ("nan", r"^deadline=nan: not a finite number"),
+     ("soon", r"^deadline='soon': neither hours nor an ISO-8601 timestamp; give hours")],
+)
+def test_a_deadline_rendered_to_bad_text_is_refused_before_anything_launches(tmp_path, deadline, message):
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=message):
+        operator(tmp_path, deadline=deadline).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+def test_dict_parameters_rendered_to_json_text_are_read_as_dicts(tmp_path):
+    """A template renders a dict to JSON text ("{{ params.opts | tojson }}"); the run reads the object."""
+    context = TaskContext(TaskStateStore())
+    options = {"workdir": str(tmp_path / "local"), "seconds_per_slot": 3.0, "market_start": MARKET_START}
+    op = operator(tmp_path, backend_options=json.dumps(options), policy="chc", policy_params='{"window": 4}',
+                  throughput='{"alpha": 60}')
+    start(op, context)
+    try:
+        config = context["task_state_store"].get(STATE_KEY)["run"]["config"]
+        assert config["policy_params"] == {"window": 4} and config["job"]["throughput"]["alpha"] == 60.0
+        assert not nothing_launched(tmp_path)  # in the workdir the rendered backend_options named
+    finally:
+        op.on_kill()
+
+
+def test_a_training_config_rendered_to_json_text_is_read_as_the_config(tmp_path):
+    """Its batch_size is read from the text: the same refusal as for the dict, not 'got str'."""
+    op = operator(tmp_path, command=None, training_config='{"samples": 160, "batch_size": 4}', max_instances=3)
+    with pytest.raises(JobError, match=r"^training_config's batch_size=4 is split evenly"):
+        op.execute(TaskContext(TaskStateStore()))
+    assert nothing_launched(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["backend_options", "policy_params", "training_config", "throughput"])
+@pytest.mark.parametrize("text", ["{{ not rendered }}", "[1, 2]"])
+def test_a_dict_parameter_rendered_to_no_json_object_is_refused_naming_it(tmp_path, name, text):
+    context = TaskContext(TaskStateStore())
+    overrides = {"command": None} if name == "training_config" else {}
+    with pytest.raises(JobError, match=rf"^{name}='{re.escape(text)}': neither a dict nor JSON text of an object; give a dict"):
+        operator(tmp_path, **{name: text, **overrides}).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("steps", "batch_size", "message"),
+    [("-10", "-16", r"^steps=-10: must be >= 1"), ("10", "0", r"^batch_size=0: must be >= 1"),
+     ("2.5", "64", r"^steps='2.5' is not an integer")],
+)
+def test_steps_and_batch_size_rendered_to_no_count_are_refused_before_anything_launches(tmp_path, steps, batch_size, message):
+    """The parse-time checks hold for the rendered text too: -10 * -16 is no job of 160 samples."""
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=message):
+        operator(tmp_path, work=None, steps=steps, batch_size=batch_size).execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+def test_a_market_source_rendered_to_json_text_is_read_as_the_specs_dict(tmp_path):
+    """Not as a trace path named '{"kind": ...}': a template renders the spec's dict to JSON text."""
+    spec = operator(tmp_path, market_source='{"kind": "trace", "options": {"path": "gcp"}}')._market_source()
+    assert isinstance(spec, MarketSpec) and (spec.kind, spec.options) == ("trace", {"path": "gcp"})
+    for text, message in (('{"path": "gcp"}', r"^market_source='\{\"path\": \"gcp\"\}': a JSON object without 'kind'"),
+                          ("{oops", r"^market_source='\{oops': neither a dict nor JSON text of an object")):
+        with pytest.raises(JobError, match=message):
+            operator(tmp_path, market_source=text)._market_source()

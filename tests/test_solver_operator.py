@@ -90,6 +90,35 @@ def test_a_state_from_online_run_to_state_is_continued_too():
     assert result["slot"] == 1 and result["policy"].startswith("chc(")
 
 
+def test_the_job_and_policy_params_rendered_to_json_text_are_read_as_dicts():
+    """Templated fields render to text (``| tojson``) unless the DAG renders native objects."""
+    given, _ = solve(job=JOB, pools=POOLS, at=AT, policy_params={"window": 4})
+    assert solve(job=json.dumps(JOB), pools=POOLS, at=AT, policy_params='{"window": 4}')[0] == given
+    assert given["policy"].startswith("chc(window=4,")
+
+
+@pytest.mark.parametrize("name", ["job", "policy_params"])
+def test_a_job_or_policy_params_rendered_to_no_json_object_is_refused_naming_it(name):
+    fields: dict[str, Any] = {"job": JOB, "pools": POOLS, "at": AT, name: "{{ not rendered }}"}
+    with pytest.raises(JobError, match=rf"^{name}='{{{{ not rendered }}}}': neither a dict nor JSON text of an object"):
+        solve(**fields)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [(lambda doc: doc["pools"].update({"us-east4-a": {}}),
+      r"^the forecast's pool\(s\) \['us-east4-a'\] lack \['available', 'model', 'spot_price'\]"),
+     (lambda doc: doc.update(pools=POOLS), r"^forecast must be a forecast document .*; got pools=\['us-east4-a', "),
+     (lambda doc: doc.update(slot_hours="x"), r"^forecast must be a forecast document .*; got pools=.*, slot_hours='x'")],
+    ids=["pool-without-fields", "pools-a-list", "slot-hours-text"],
+)
+def test_a_malformed_forecast_document_is_refused_saying_what_it_lacks(damage, message):
+    document = forecast(AT)
+    damage(document)
+    with pytest.raises(ValueError, match=message):
+        solve(job=JOB, pools=POOLS, at=AT, forecast=document)
+
+
 def test_bad_input_is_refused_with_the_field_to_fix():
     with pytest.raises(JobError, match="give job"):
         solve(at=AT)
@@ -104,3 +133,6 @@ def test_bad_input_is_refused_with_the_field_to_fix():
         solve(job=JOB, pools=POOLS, at=AT, forecast="{{ not rendered }}")
     with pytest.raises(ValueError, match="work_done must be a number"):
         solve(job=JOB, pools=POOLS, at=AT, work_done="lots")
+    for endless in ("inf", "nan", "-1"):  # no measured progress is infinite
+        with pytest.raises(ValueError, match=r"^work_done must be a finite number >= 0 of work units, got"):
+            solve(job=JOB, pools=POOLS, at=AT, work_done=endless)

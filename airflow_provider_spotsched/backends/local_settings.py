@@ -57,7 +57,7 @@ class LocalReplaySettings:
                 raise ValueError(f"{where}: {error}") from None
             settings = replace(settings, trace=path)
         if extra.get("seconds_per_slot") is not None:
-            value = extra["seconds_per_slot"]
+            value = _from_text(extra["seconds_per_slot"], float)
             try:
                 seconds = math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
             except OverflowError:  # an integer beyond any float
@@ -74,8 +74,19 @@ class LocalReplaySettings:
                 raise ValueError(f"{where}: market_start {value!r}: {error}") from None
             settings = replace(settings, market_start=start)
         if extra.get("history_slots") is not None:
-            value = extra["history_slots"]
+            value = _from_text(extra["history_slots"], int)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{where}: history_slots must be an integer >= 1, got {value!r}")
             settings = replace(settings, history_slots=value)
         return settings
+
+
+def _from_text(value: Any, kind: type[int] | type[float]) -> Any:
+    """A number given as text read as one: a connection in URI form (``?seconds_per_slot=10``) has
+    only text extras. Anything else is returned as given, for the range checks to refuse."""
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value

@@ -65,9 +65,11 @@ from airflow_provider_spotsched.scheduling.model import (
     as_number,
     check_field,
     check_overhead,
+    shown,
 )
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, check_budget
 from airflow_provider_spotsched.scheduling.policies import POLICIES
+from airflow_provider_spotsched.scheduling.policies.uniform_progress_multi import cloud_region
 from airflow_provider_spotsched.scheduling.selector_store import starting_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 
@@ -93,6 +95,33 @@ def rendered_number(name: str, value: Any, integer: bool = False) -> Any:
     except ValueError:
         kind = "an integer" if integer else "a number"
         raise JobError(f"{name}={value!r} is not {kind}; check the template or XCom that gives it") from None
+
+
+def step_count(name: str, value: Any) -> int:
+    """``steps`` or ``batch_size``: a whole number >= 1 (a negative pair would multiply to a size)."""
+    count = as_count(name, value)
+    if count < 1:
+        raise JobError(f"{name}={value!r}: must be >= 1; give a whole number")
+    return count
+
+
+def rendered_object(name: str, value: Any) -> dict[str, Any] | None:
+    """A templated dict as a dict: a template renders to JSON text (``| tojson``) unless the DAG
+    renders native objects; ``None`` or empty text is ``None``."""
+    if value is None or value == "":
+        return None
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(parsed, Mapping):
+        raise JobError(
+            f"{name}={shown(value)}: neither a dict nor JSON text of an object; give a dict, or render it with "
+            "| tojson (or set render_template_as_native_obj=True on the DAG)"
+        )
+    return dict(parsed)
 
 
 def max_instances_limit() -> int:
@@ -159,7 +188,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     :param pools: spot pools (zones / availability zones) the job may use, each once: a list, or
         one comma-separated string (what a template renders to).
     :param instance_type: the instance (EC2) or machine (GCE) type of cloud backends.
-    :param regions: if given, every pool must lie in one of these regions.
+    :param regions: if given, every pool must lie in one of these regions (its zone name less the zone letter).
     :param market_source: the pools' live market (cloud backends): a :class:`MarketSource`, or a
         :class:`~airflow_provider_spotsched.hooks.market_spec.MarketSpec` or its dict (kind,
         connection id, options; the connection is checked before launching). The local backend
@@ -343,8 +372,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             if isinstance(value, (int, float)):
                 check_field(name, value)
         for name in ("steps", "batch_size"):
-            if isinstance(value := getattr(self, name), (int, float)) and as_count(name, value) < 1:
-                raise JobError(f"{name}={value}: must be >= 1; give a whole number")
+            if isinstance(value := getattr(self, name), (int, float)):
+                step_count(name, value)
         if isinstance(self.budget, (int, float)):
             check_budget(self.budget)
         if isinstance(self.deadline, (timedelta, datetime, int, float)):
@@ -359,6 +388,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         if saved:
             self.log.info("re-attaching to job %s, left by a previous try", saved["job"]["job_id"])
             return self._resume(context, saved, reattach=True)
+        for name in ("backend_options", "training_config", "policy_params"):  # JSON text where a template rendered it
+            setattr(self, name, rendered_object(name, getattr(self, name)))
         spec = self._backend_spec()
         env = build_environment(spec, self.slot_hours, self._market_source())
         driver = self._start(context, spec, env)
@@ -444,13 +475,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         return driver
 
     def _job(self, now: datetime, seconds_per_slot: float) -> Job:
-        throughput = self.throughput
-        if isinstance(throughput, str):  # a template rendered to JSON text
-            try:
-                throughput = json.loads(throughput)
-            except json.JSONDecodeError:
-                throughput = None
-        if not isinstance(throughput, Mapping) or "alpha" not in throughput:
+        throughput = rendered_object("throughput", self.throughput)
+        if throughput is None or "alpha" not in throughput:
             raise JobError(f'throughput must be {{"alpha": samples/hour per instance, "beta": ...}}, got {self.throughput!r}')
         alpha, beta = (
             as_number(f"throughput.{k}", rendered_number(f"throughput.{k}", throughput.get(k, 0.0))) for k in ("alpha", "beta")
@@ -475,8 +501,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         if self.steps is not None or self.batch_size is not None:
             if self.steps is None or self.batch_size is None:
                 raise JobError("steps and batch_size go together: work = steps * batch_size (global batch)")
-            steps, batch_size = rendered_number("steps", self.steps), rendered_number("batch_size", self.batch_size)
-            given.append(("steps * batch_size", as_number("steps", steps) * as_number("batch_size", batch_size)))
+            steps, batch_size = (step_count(n, rendered_number(n, getattr(self, n), integer=True)) for n in ("steps", "batch_size"))
+            given.append(("steps * batch_size", float(steps * batch_size)))
         if self.training_config is not None:
             from airflow_provider_spotsched.runtime.config import TrainConfig
 
@@ -488,19 +514,27 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         return given[0][1]
 
     def _deadline_hours(self, now: datetime, seconds_per_slot: float) -> float:
-        """Hours on the run's clock; a timestamp counts on the wall clock (sped up on a replay)."""
+        """Hours on the run's clock; a timestamp counts on the wall clock (sped up on a replay).
+
+        Text is hours where it reads as a number (a template renders ``6`` to ``"6"``), else an ISO timestamp."""
         deadline = self.deadline
+        if isinstance(deadline, str):
+            try:
+                deadline = float(deadline)
+            except ValueError:
+                pass
         if isinstance(deadline, (timedelta, int, float)):
             hours = deadline.total_seconds() / 3600.0 if isinstance(deadline, timedelta) else as_number("deadline", deadline)
             if hours <= 0:
-                raise JobError(f"deadline={deadline!r}: must be a duration > 0 from the task's start; give a later deadline")
+                raise JobError(f"deadline={self.deadline!r}: must be a duration > 0 from the task's start; give a later deadline")
             return hours
         if isinstance(deadline, str):
             try:
                 deadline = datetime.fromisoformat(deadline.replace("Z", "+00:00"))
             except ValueError:
                 raise JobError(
-                    f"deadline {self.deadline!r} is not an ISO-8601 timestamp; give hours, a timedelta or a datetime"
+                    f"deadline={self.deadline!r}: neither hours nor an ISO-8601 timestamp; give hours (e.g. 6), "
+                    "a timedelta or a UTC timestamp"
                 ) from None
         if isinstance(deadline, datetime):
             if deadline.tzinfo is None:
@@ -512,18 +546,28 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         raise JobError(f"deadline must be hours, a timedelta or a UTC timestamp, got {self.deadline!r}")
 
     def _market_source(self) -> MarketSource | None:
-        """The (rendered) market source: a live source as given, or the spec its dict describes."""
+        """The (rendered) market source: a live source as given, or the spec its dict, or the JSON
+        text a template renders that dict to, describes; other text names a trace."""
         if self.market_source is None or isinstance(self.market_source, MarketSource):
             return self.market_source
-        return MarketSpec.coerce(self.market_source)
+        market = self.market_source
+        if isinstance(market, str) and market.lstrip().startswith("{"):  # no trace path starts so
+            spec = rendered_object("market_source", market)
+            if spec is None or "kind" not in spec:
+                raise JobError(f"market_source={shown(market)}: a JSON object without 'kind'; give the MarketSpec's dict, "
+                               'e.g. {"kind": "aws", "conn_id": "aws_default", "options": {...}}')
+            return MarketSpec.coerce(spec)
+        return MarketSpec.coerce(market)
 
     def _pools(self) -> tuple[str, ...]:
         """The rendered pools: a list, or a comma-separated string (a template renders to text)."""
         return _names(self.pools, "pools")
 
     def _check_regions(self) -> None:
+        """Every pool's region (its zone name less the zone letter) must be one of ``regions``: a
+        prefix is no region (``europe-west10-a`` lies outside ``europe-west1``)."""
         if self.regions:
-            outside = [p for p in self._pools() if not any(p.startswith(r) for r in self.regions)]
+            outside = [p for p in self._pools() if cloud_region(p) not in self.regions]
             if outside:
                 raise JobError(f"pools {outside} lie outside regions={list(self.regions)}; drop them or add their regions")
 

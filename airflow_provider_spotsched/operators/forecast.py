@@ -25,6 +25,7 @@ from airflow_provider_spotsched.forecast.snapshot import (
     slot_snapshot_at,
 )
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.trace import parse_instant
 
 
@@ -33,7 +34,8 @@ class SpotMarketForecastOperator(BaseOperator):
 
     :param market: the market: a :class:`MarketSpec`, its dict, or a trace name or path
         (``"gcp"``, ``"aws"``, ``/data/trace.csv.gz``).
-    :param pools: the pools to forecast (default: every pool of the market).
+    :param pools: the pools to forecast: a list, or one comma-separated string (what a template
+        renders to); default every pool of the market.
     :param slot_hours: slot length in hours.
     :param at: the instant to forecast from (templated; a datetime or an ISO-8601 string);
         default the run's logical date, or now for a run without one. It may be up to
@@ -53,7 +55,7 @@ class SpotMarketForecastOperator(BaseOperator):
         self,
         *,
         market: MarketSpec | Mapping[str, Any] | str,
-        pools: Sequence[str] | None = None,
+        pools: Sequence[str] | str | None = None,
         slot_hours: float = 1.0,
         at: datetime | str | None = None,
         model: str = "auto",
@@ -87,9 +89,8 @@ class SpotMarketForecastOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         at = forecast_instant(self.at, context)
-        snapshot = slot_snapshot_at(
-            self.market, at, self.slot_hours, self.pools, self.history_hours, self.max_staleness_hours
-        )
+        pools = None if self.pools is None or self.pools == "" else pool_names(self.pools)  # not a string's letters
+        snapshot = slot_snapshot_at(self.market, at, self.slot_hours, pools, self.history_hours, self.max_staleness_hours)
         market = snapshot.market
         forecaster = make_forecaster(self.model, slot_hours=market.slot_hours)
         forecast = forecaster.forecast(market, self.horizon)

@@ -15,7 +15,7 @@ what they observed), and those must see the same forecasts again.
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,9 +28,9 @@ from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp
-from airflow_provider_spotsched.operators.fine_tune import job_id_for, max_instances_limit
+from airflow_provider_spotsched.operators.fine_tune import job_id_for, max_instances_limit, rendered_object
 from airflow_provider_spotsched.operators.forecast import forecast_instant
-from airflow_provider_spotsched.scheduling.model import Job, JobError, as_number, check_field
+from airflow_provider_spotsched.scheduling.model import Job, JobError, as_number, check_field, shown
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import POLICIES
 
@@ -94,8 +94,8 @@ class SpotAllocationSolverOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         at = forecast_instant(self.at, context)
-        state = _document(self.run_state, "run_state")
-        forecast = _document(self.forecast, "forecast")
+        state = rendered_object("run_state", self.run_state)
+        forecast = rendered_object("forecast", self.forecast)
         run, forecasts = self._continue(state, at) if state else (self._start(context, at), {})
         if forecast:
             check_forecast(forecast, run, at)
@@ -112,16 +112,17 @@ class SpotAllocationSolverOperator(BaseOperator):
         return {"slot": record.slot, "allocation": record.allocation, "plan": plan, "policy": run.policy_label}
 
     def _start(self, context: Any, at: datetime) -> OnlineRun:
-        if not self.job or not self.pools:
+        fields = rendered_object("job", self.job)
+        if not fields or not self.pools:
             raise JobError("give job (the spec's job fields) and pools to start a run, or run_state to continue one")
-        job = Job.from_dict(dict(self.job, slot_hours=self.job.get("slot_hours", self.slot_hours)))
+        job = Job.from_dict({**fields, "slot_hours": fields.get("slot_hours", self.slot_hours)})
         ti = context["ti"]
         config = RunConfig(
             job_id=self.job_id or job_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index if ti.map_index is not None else -1),
             job=job,
             pools=pool_names(self.pools),
             policy=self.policy,
-            policy_params=dict(self.policy_params or {}),
+            policy_params=rendered_object("policy_params", self.policy_params) or {},
             max_instances_limit=max_instances_limit(),
         )
         history = slot_market_at(self.market, at, job.slot_hours, config.pools, self.history_hours)
@@ -150,8 +151,8 @@ class SpotAllocationSolverOperator(BaseOperator):
             value = float(self.work_done)
         except (TypeError, ValueError):
             raise ValueError(f"work_done must be a number of work units, got {self.work_done!r}") from None
-        if not 0 <= value:
-            raise ValueError(f"work_done must be >= 0 work units, got {value!r}")
+        if not 0 <= value < math.inf:
+            raise ValueError(f"work_done must be a finite number >= 0 of work units, got {value!r}")
         return value
 
 
@@ -185,8 +186,12 @@ class GivenForecasts(Forecaster):
 
 def check_forecast(document: Mapping[str, Any], run: OnlineRun, at: datetime) -> None:
     """Refuse a forecast made for another instant, slot length or set of pools than the run's."""
+    shape = "forecast must be a forecast document (at, slot_hours, pools by name), as SpotMarketForecastOperator returns"
     if "pools" not in document or "at" not in document or "slot_hours" not in document:
-        raise ValueError("forecast must be a forecast document (at, slot_hours, pools), as SpotMarketForecastOperator returns")
+        raise ValueError(shape)
+    if not isinstance(document["pools"], Mapping) or isinstance(document["slot_hours"], bool) \
+            or not isinstance(document["slot_hours"], (int, float)):
+        raise ValueError(f"{shape}; got pools={shown(document['pools'])}, slot_hours={shown(document['slot_hours'])}")
     if document["at"] != format_timestamp(at):
         raise ValueError(f"the forecast was made at {document['at']}, this slot starts at {format_timestamp(at)}; forecast at the same at")
     if float(document["slot_hours"]) != run.market.slot_hours:
@@ -194,17 +199,8 @@ def check_forecast(document: Mapping[str, Any], run: OnlineRun, at: datetime) ->
     missing = [p for p in run.config.pools if p not in document["pools"]]
     if missing:
         raise ValueError(f"the forecast has no pool(s) {missing}; forecast the run's pools {list(run.config.pools)}")
+    fields = {"model", "spot_price", "available"}
+    partial = [p for p in run.config.pools if not isinstance(document["pools"][p], Mapping) or not fields <= set(document["pools"][p])]
+    if partial:
+        raise ValueError(f"the forecast's pool(s) {partial} lack {sorted(fields)}; {shape}")
 
-
-def _document(value: Mapping[str, Any] | str | None, name: str) -> dict[str, Any] | None:
-    """A JSON document from XCom: a dict, or its JSON text (a template rendered to a string)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError(f"{name} is neither a dict nor JSON text; pass the task's .output or render_template_as_native_obj") from None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}")
-    return dict(value)
