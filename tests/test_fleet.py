@@ -196,6 +196,11 @@ def test_per_dag_rows_and_recent_runs():
     ("2025-10-07T12:30:00Z", False, datetime(2025, 10, 7, 12, 30, tzinfo=timezone.utc)),
     ("2025-10-07T14:30:00+02:00", False, datetime(2025, 10, 7, 12, 30, tzinfo=timezone.utc)),
     (" 2025-10-07 12:30 ", False, datetime(2025, 10, 7, 12, 30, tzinfo=timezone.utc)),
+    # in UTC past datetime's last or first instant: the calendar's edge, which filters the same runs
+    ("9999-12-31", True, datetime.max.replace(tzinfo=timezone.utc)),
+    ("9999-12-31T23:59-05:00", False, datetime.max.replace(tzinfo=timezone.utc)),
+    ("0001-01-01T00:00+01:00", False, datetime.min.replace(tzinfo=timezone.utc)),
+    ("0001-01-01T00:00+01:00", True, datetime.min.replace(tzinfo=timezone.utc)),
 ])
 def test_time_bounds(text, upper, expected):
     assert parse_bound(text, upper=upper) == expected
