@@ -83,10 +83,15 @@ class FleetRun:
 
 
 def number(value: Any) -> float | None:
-    """``value`` as a finite float, or ``None`` (unknown) for a bool, a string, NaN or nothing."""
+    """``value`` as a finite float, or ``None`` (unknown) for a bool, a string, NaN, infinity, an
+    integer too large for a float (JSON allows one) or nothing."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def outcome(result: Mapping[str, Any]) -> str | None:
