@@ -118,6 +118,7 @@ def test_a_run_in_progress_shows_what_exists_so_far():
     assert len(svgs) == CHARTS + len(POOLS)
     assert "decided, not yet applied" in svgs[2]
     assert "hard deadline" in svgs[0], "a live run draws its deadlines from the log"
+    assert "deadline" in svgs[3], "on the cost chart too"
     last = log[-1]
     assert f"<th>Next decision</th><td>{last['next_decision']}</td>" in html
     assert f"<th>Training loss</th><td>{last['training']['loss']:.4g}</td>" in html
