@@ -38,6 +38,7 @@ LOGICAL_DATE = "2025-10-06T00:00:00+00:00"
 FINISHED_TASK = "finetune"
 IN_PROGRESS_TASK = "finetune_in_progress"
 SILENT_TASK = "prepare"  # a task of the run that pushed no decision log
+OTHER_TASK = "count_rows"  # a task of another operator that returned a value of its own
 IN_PROGRESS_SLOTS = 10
 AIRFLOW = Path(sys.executable).with_name("airflow")
 
@@ -68,11 +69,15 @@ with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2025, 1, 1), ca
     def prepare():
         return None
 
+    @task(task_id={other!r})
+    def count_rows():
+        return {{"rows": 3}}
+
     @task(task_id={in_progress!r})
     def finetune_in_progress(ti=None):
         ti.xcom_push(key="decision_log", value=json.loads((DATA / "in_progress_log.json").read_text()))
 
-    prepare() >> [LoggingOperator(task_id={finished!r}), finetune_in_progress()]
+    prepare() >> [LoggingOperator(task_id={finished!r}), finetune_in_progress(), count_rows()]
 '''
 
 
@@ -120,7 +125,8 @@ def build_report_db(home: Path) -> ReportDb:
     (data / "result.json").write_text(json.dumps(sample_result()))
     (data / "in_progress_log.json").write_text(json.dumps(sample_in_progress_log(IN_PROGRESS_SLOTS)))
     (dags / f"{DAG_ID}.py").write_text(DAG_FILE.format(
-        data=str(data), dag_id=DAG_ID, silent=SILENT_TASK, finished=FINISHED_TASK, in_progress=IN_PROGRESS_TASK))
+        data=str(data), dag_id=DAG_ID, silent=SILENT_TASK, other=OTHER_TASK, finished=FINISHED_TASK,
+        in_progress=IN_PROGRESS_TASK))
     env = {**deployment_env(home, dags), **simple_auth_env(home, "report-tests")}
     for command in (["db", "migrate"], ["dags", "test", DAG_ID, LOGICAL_DATE]):
         done = subprocess.run([str(AIRFLOW), *command], env={**os.environ, **env}, cwd=home,

@@ -129,6 +129,16 @@ def test_old_results_missing_keys_are_unknown_not_errors():
     assert "lack a field" in html and "unreadable result" in html and "ended, no result" in html
 
 
+def test_an_integer_too_large_for_a_float_is_unknown():
+    """JSON integers have no size limit: one past a float's range is unknown, like any non-number."""
+    base = sample_result()
+    totals = summarise([finished(0, base), finished(1, {**base, "cost": 10**400})])["totals"]
+    assert totals["cost"] == pytest.approx(base["cost"]) and totals["missing"]["cost"] == 1
+    view = selector_view("v", json.dumps({"history": [{"context": "k", "round": 10**400, "weights": {"a": 1.0}},
+                                                      {"context": "k", "round": 2, "weights": {"a": 10**400}}]}))
+    assert view["skipped_entries"] == 1 and view["contexts"][0]["weights"] == {"a": [None]}
+
+
 def test_in_flight_runs_show_their_figures_so_far():
     runs = [finished(0), in_flight(1), in_flight(2, with_log=False)]
     summary = summarise(runs)
@@ -196,6 +206,11 @@ def test_per_dag_rows_and_recent_runs():
     ("2025-10-07T12:30:00Z", False, datetime(2025, 10, 7, 12, 30, tzinfo=timezone.utc)),
     ("2025-10-07T14:30:00+02:00", False, datetime(2025, 10, 7, 12, 30, tzinfo=timezone.utc)),
     (" 2025-10-07 12:30 ", False, datetime(2025, 10, 7, 12, 30, tzinfo=timezone.utc)),
+    # in UTC past datetime's last or first instant: the calendar's edge, which filters the same runs
+    ("9999-12-31", True, datetime.max.replace(tzinfo=timezone.utc)),
+    ("9999-12-31T23:59-05:00", False, datetime.max.replace(tzinfo=timezone.utc)),
+    ("0001-01-01T00:00+01:00", False, datetime.min.replace(tzinfo=timezone.utc)),
+    ("0001-01-01T00:00+01:00", True, datetime.min.replace(tzinfo=timezone.utc)),
 ])
 def test_time_bounds(text, upper, expected):
     assert parse_bound(text, upper=upper) == expected

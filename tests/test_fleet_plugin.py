@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urljoin
 
@@ -30,7 +31,7 @@ from tests.fleet_airflow import (
 )
 from tests.fleet_samples import CONTEXTS, selector_document
 from tests.report_airflow import serve_reports, token
-from tests.run_log_samples import sample_in_progress_log
+from tests.run_log_samples import sample_in_progress_log, sample_result
 
 FLEET = "/spotsched/fleet"
 DATA = FLEET + "/data.json"
@@ -219,6 +220,7 @@ def test_an_empty_dag_filter_means_every_dag(client):
     ("2025-10-03T00:00:00Z", "2025-10-12T00:00:00+00:00", "2025-10-03", "2025-10-12"),
     ("2025-10-12", None, "2025-10-12", "9999"),
     (None, "2025-10-01T12:00", "", "2025-10-02"),  # naive means UTC
+    ("0001-01-01T00:00+01:00", "9999-12-31", "", "9999"),  # past the calendar's ends in UTC: every run
 ])
 def test_the_time_range_filters_on_the_run_date(client, since, until, first, end):
     query = "&".join(f"{k}={v}" for k, v in (("since", since), ("until", until)) if v).replace("+", "%2B")
@@ -325,6 +327,24 @@ def test_a_missing_or_damaged_selector_variable_is_said(client, monkeypatch):
     data = client.get(DATA, headers=_as(VIEWER)).json()
     assert data["selector"]["status"] == "not_json" and "does not hold JSON" in data["selector"]["message"]
     assert data["totals"]["runs"] == len(stored_runs())
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # matplotlib, placing ticks near 1e308
+def test_sums_that_overflow_are_null_in_the_json(client, monkeypatch):
+    """Absurd results whose sum passes a float's range: unknown (null) in the JSON, which has no infinity."""
+    from airflow_provider_spotsched.plugins import fleet_pages
+    from airflow_provider_spotsched.simulation.fleet import FleetRun
+
+    huge = {**sample_result(), "cost": 1e308, "on_demand_cost": 1e308, "savings": 0.0}
+    runs = [FleetRun(DAG_A, f"huge_{i}", "fine_tune", state="success", end_date=datetime(2025, 10, 1 + i, tzinfo=timezone.utc),
+                     result=huge) for i in range(2)]
+    monkeypatch.setattr(fleet_pages, "load_runs", lambda *args: runs)
+    response = client.get(DATA, headers=_as(VIEWER))
+    assert response.status_code == 200, response.text
+    totals = response.json()["totals"]
+    assert (totals["finished"], totals["cost"], totals["on_demand_cost"], totals["savings"]) == (2, None, None, 0.0)
+    assert response.json()["savings_over_time"]["points"][-1]["cumulative_cost"] is None
+    assert client.get(FLEET, headers=_as(VIEWER)).status_code == 200
 
 
 def test_one_query_for_the_runs_and_no_finished_decision_log(client, db):

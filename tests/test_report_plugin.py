@@ -12,6 +12,7 @@ from tests.report_airflow import (
     FINISHED_TASK,
     IN_PROGRESS_SLOTS,
     IN_PROGRESS_TASK,
+    OTHER_TASK,
     SILENT_TASK,
     ReportDb,
     serve_reports,
@@ -84,11 +85,19 @@ def test_a_run_in_progress_shows_the_slots_so_far(client, run_id):
     assert data["result"] is None and len(data["decision_log"]) == IN_PROGRESS_SLOTS
 
 
-def test_a_task_of_another_operator_says_it_has_no_spot_run(client, run_id):
-    """Every task instance has the report tab; one that is no spot run says so."""
-    response = client.get(_report(run_id, SILENT_TASK), headers=_bearer())
+@pytest.mark.parametrize("task_id", [SILENT_TASK, OTHER_TASK])
+def test_a_task_of_another_operator_says_it_has_no_spot_run(client, run_id, task_id):
+    """Every task instance has the report tab; one that is no spot run says so, whatever it returned."""
+    response = client.get(_report(run_id, task_id), headers=_bearer())
     assert response.status_code == 200, response.text
-    assert "not DeadlineSpotFineTuneOperator: it has no spot run to report" in response.text
+    assert "This task runs _PythonDecoratedOperator, not DeadlineSpotFineTuneOperator: it has no spot run to report" \
+        in response.text
+    live = client.get(f"{_report(run_id, task_id)}/live.json", headers=_bearer())
+    assert live.status_code == 200, live.text
+    assert "it has no spot run to report" in live.json()["html"]
+    data = client.get(f"{_report(run_id, task_id)}/data.json", headers=_bearer())
+    assert data.status_code == 200, data.text
+    assert (data.json()["decision_log"], data.json()["result"]) == ([], None)
 
 
 @pytest.mark.parametrize("where, suffix, message", [

@@ -118,6 +118,7 @@ def test_a_run_in_progress_shows_what_exists_so_far():
     assert len(svgs) == CHARTS + len(POOLS)
     assert "decided, not yet applied" in svgs[2]
     assert "hard deadline" in svgs[0], "a live run draws its deadlines from the log"
+    assert "deadline" in svgs[3], "on the cost chart too"
     last = log[-1]
     assert f"<th>Next decision</th><td>{last['next_decision']}</td>" in html
     assert f"<th>Training loss</th><td>{last['training']['loss']:.4g}</td>" in html
@@ -184,3 +185,45 @@ def test_malformed_input_is_refused_naming_the_field():
         render_run_report({"slot": 0}, None, "run")
     with pytest.raises(ValueError, match="result lacks cost"):
         render_run_report(log, {k: v for k, v in sample_result(log).items() if k != "cost"}, "run")
+
+
+def _damaged_log(damage) -> list[dict]:
+    log = sample_decision_log()
+    damage(log)
+    return log
+
+
+POOL = POOLS[0]
+
+
+@pytest.mark.parametrize("log, result, message", [
+    (None, dict(sample_result(), savings_fraction=None), r"result\.savings_fraction must be a number, got None"),
+    (None, dict(sample_result(), preemptions=None), r"result\.preemptions must be a number, got None"),
+    (None, dict(sample_result(), cost="abc"), r"result\.cost must be a number, got 'abc'"),
+    (None, dict(sample_result(), completion_hours="23.5"), r"result\.completion_hours must be a number or null"),
+    (None, dict(sample_result(), slots=[24]), r"result\.slots must be a number or null"),
+    (None, dict(sample_result(), deadline_met="no"), r"result\.deadline_met must be true or false, got 'no'"),
+    (_damaged_log(lambda log: log[3]["market"].__setitem__(POOL, {})), None,
+     rf"decision_log\[3\]\.market\['{POOL}'\]\.spot_price must be a number, got None"),
+    (_damaged_log(lambda log: log[3].__setitem__("market", [])), None, r"decision_log\[3\]\.market must be an object"),
+    (_damaged_log(lambda log: log[2].__setitem__("slot", None)), None, r"decision_log\[2\]\.slot must be a number"),
+    (_damaged_log(lambda log: log[0]["forecast"][POOL].pop("available")), None,
+     rf"decision_log\[0\]\.forecast\['{POOL}'\]\.available must be a list of numbers, got None"),
+    (_damaged_log(lambda log: log[1].__setitem__("training", "x")), None,
+     r"decision_log\[1\]\.training must be an object, got 'x'"),
+    (_damaged_log(lambda log: log[1]["training"].__setitem__("loss", "low")), None,
+     r"decision_log\[1\]\.training\.loss must be a number or null, got 'low'"),
+    (_damaged_log(lambda log: log[1]["allocation"].__setitem__("spot", {POOL: "2"})), None,
+     r"decision_log\[1\]\.allocation must be \{\"spot\""),
+    (_damaged_log(lambda log: log[1]["plan"].append(None)), None, r"decision_log\[1\]\.plan must be a list of"),
+    (_damaged_log(lambda log: log[1].__setitem__("throughput", {"beta": 0.0})), None,
+     r"decision_log\[1\]\.throughput\.alpha must be a number, got None"),
+    (_damaged_log(lambda log: log[4].__setitem__("deadline_hours", "24")), None,
+     r"decision_log\[4\]\.deadline_hours must be a number or null, got '24'"),
+])
+def test_a_field_of_a_wrong_type_is_refused_naming_it(log, result, message):
+    """Each damage used to fail inside the drawing (TypeError, KeyError...) with no field named."""
+    log = sample_decision_log() if log is None else log
+    with pytest.raises(ValueError, match=message):
+        render_run_report(log, result, "run")
+

@@ -26,6 +26,7 @@ XCom only; decision logs are never read for finished runs, only for the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Annotated, Any
@@ -126,7 +127,11 @@ def fleet_data(user: GetUserDep, session: SessionDep, dag_id: DagIdQuery = None,
     Already JSON-ready, so it is encoded directly rather than walked by FastAPI's encoder (a
     tenth of a second for a selector history of a thousand rounds).
     """
-    return JSONResponse(FleetView(user, session, dag_id, since, until).as_json())
+    content = FleetView(user, session, dag_id, since, until).as_json()
+    try:
+        return JSONResponse(content)
+    except ValueError:  # a sum of absurd results overflowed to infinity: JSON has no such number
+        return JSONResponse(_finite(content))
 
 
 def readable_spot_dags(auth: Any, user: Any, session: Session) -> list[str]:
@@ -232,6 +237,17 @@ def _query(view: FleetView) -> str:
     pairs = [("dag_id", d) for d in view.requested]
     pairs += [(name, text) for name, text in (("since", view.since_text), ("until", view.until_text)) if text]
     return urlencode(pairs)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every infinite or NaN float replaced by ``None`` (unknown), as JSON allows."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -79,8 +79,9 @@ class RunXComs:
                                 f"run {run_id!r} of DAG {dag_id!r} has no task {task_id!r}{where}")
         self.state = None if found.state is None else str(getattr(found.state, "value", found.state))
         self.operator = found.operator
-        self.decision_log, self.result = (_xcom(session, dag_id, run_id, task_id, map_index, key)
-                                          for key in (DECISION_LOG_KEY, RESULT_KEY))
+        self.decision_log = _xcom(session, dag_id, run_id, task_id, map_index, DECISION_LOG_KEY)
+        # another operator's return value is its own business, not a spot run's result to check
+        self.result = None if self.not_a_run else _xcom(session, dag_id, run_id, task_id, map_index, RESULT_KEY)
         self.title = f"{dag_id} / {run_id} / {task_id}" + (f" [{map_index}]" if map_index >= 0 else "")
 
     @property
@@ -132,7 +133,8 @@ def run_live(dag_id: str, run_id: str, task_id: str, session: SessionDep, map_in
 
 @router.get(REPORT_ROUTE + "/data.json")
 def run_data(dag_id: str, run_id: str, task_id: str, session: SessionDep, map_index: MapIndex = -1) -> dict[str, Any]:
-    """The raw decision log and result (``null`` while the run is in progress)."""
+    """The raw decision log and result (``null`` while the run is in progress, and for a task of another
+    operator that logged no decision: its return value is not a spot run's)."""
     xcoms = RunXComs(session, dag_id, run_id, task_id, map_index)
     try:
         checked_log, checked_result = check_decision_log(xcoms.decision_log), check_result(xcoms.result)

@@ -83,10 +83,15 @@ class FleetRun:
 
 
 def number(value: Any) -> float | None:
-    """``value`` as a finite float, or ``None`` (unknown) for a bool, a string, NaN or nothing."""
+    """``value`` as a finite float, or ``None`` (unknown) for a bool, a string, NaN, infinity, an
+    integer too large for a float (JSON allows one) or nothing."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def outcome(result: Mapping[str, Any]) -> str | None:
@@ -363,18 +368,26 @@ def parse_bound(text: str, *, upper: bool) -> datetime:
 
     A date alone is its midnight as a lower bound (``since``) and the next midnight as an upper
     bound (``until``), so ``until=2025-10-07`` includes all of 7 October. Bounds are half-open:
-    ``since <= run date < until``.
+    ``since <= run date < until``. A bound that UTC puts outside datetime's years 1..9999
+    (``until=9999-12-31``, an offset on the first or last day) is the calendar's first or last
+    instant, which filters the same runs.
 
     :raises ValueError: not an ISO-8601 date or date-time.
     """
     text = text.strip()
+    after = timedelta(0)
     try:
         if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
-            start = datetime.combine(date.fromisoformat(text), time(0), tzinfo=timezone.utc)
-            return start + timedelta(days=1) if upper else start
-        return utc(datetime.fromisoformat(text.replace("Z", "+00:00").replace(" ", "T", 1)))
+            moment = datetime.combine(date.fromisoformat(text), time(0), tzinfo=timezone.utc)
+            after = timedelta(days=1) if upper else after
+        else:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace(" ", "T", 1))
     except ValueError:
         raise ValueError(f"{text!r} is not an ISO-8601 date (2025-10-07) or date-time (2025-10-07T12:00Z)") from None
+    try:
+        return utc(moment) + after
+    except OverflowError:
+        return (datetime.min if moment.year == 1 else datetime.max).replace(tzinfo=timezone.utc)
 
 
 def utc(value: datetime) -> datetime:

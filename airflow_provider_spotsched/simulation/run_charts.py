@@ -188,8 +188,9 @@ def cost_against_on_demand(series: RunSeries, result: Mapping[str, Any] | None) 
     preempted = series.preempted > 0
     ax.scatter(series.hours[preempted], series.field("cost_so_far")[preempted], marker="x", s=80,
                color=PREEMPTION_COLOUR, zorder=3, label="preemption")
-    if result is not None and result.get("deadline_hours") is not None:
-        ax.axvline(float(result["deadline_hours"]), color="black", linestyle=":", label="deadline")
+    deadline, _ = series.deadlines(result)  # a live run's from its log
+    if deadline is not None:
+        ax.axvline(deadline, color="black", linestyle=":", label="deadline")
     ax.set_ylim(bottom=0)
     _finish(ax, "USD accumulated")
     return figure

@@ -41,6 +41,7 @@ LOG_FIELDS = ("slot", "market_time", "market", "on_demand_price", "allocation", 
               "cost_so_far", "on_demand_cost_so_far", "preemptions")
 RESULT_FIELDS = ("cost", "on_demand_cost", "savings", "savings_fraction", "completion_hours", "deadline_met",
                  "preemptions", "policy")
+ALLOCATION_FORMAT = '{"spot": {pool: n}, "on_demand": n}'  # as error messages spell it
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #1f2328; background: #fff; }
@@ -160,36 +161,52 @@ def report_version(decision_log: Sequence[Mapping[str, Any]] | None, result: Map
 
 
 def check_decision_log(decision_log: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]]:
-    """The log as a list, or a ValueError naming the first entry and field that are wrong."""
+    """The log as a list, or a ValueError naming the first entry and field that are wrong.
+
+    Every field the page reads is checked here, so damaged XComs are refused with the field named
+    rather than failing somewhere in the drawing.
+    """
     if decision_log is None:
         return []
     if isinstance(decision_log, (str, bytes, Mapping)) or not isinstance(decision_log, Sequence):
         raise ValueError(f"decision_log must be a list of per-slot entries, got {type(decision_log).__name__}")
     for i, entry in enumerate(decision_log):
+        where = f"decision_log[{i}]"
         if not isinstance(entry, Mapping):
-            raise ValueError(f"decision_log[{i}] must be an object, got {type(entry).__name__}")
+            raise ValueError(f"{where} must be an object, got {type(entry).__name__}")
         missing = [name for name in LOG_FIELDS if name not in entry]
         if missing:
-            raise ValueError(f"decision_log[{i}] lacks {', '.join(missing)}; each entry needs {', '.join(LOG_FIELDS)}")
-        for name in ("work_done", "work_total", "cost_so_far", "on_demand_cost_so_far", "on_demand_price",
-                     "preemptions"):
-            if not _is_number(entry[name]):
-                raise ValueError(f"decision_log[{i}].{name} must be a number, got {entry[name]!r}")
+            raise ValueError(f"{where} lacks {', '.join(missing)}; each entry needs {', '.join(LOG_FIELDS)}")
+        _check_numbers(where, entry, ("slot", "work_done", "work_total", "cost_so_far", "on_demand_cost_so_far",
+                                      "on_demand_price", "preemptions"))
+        _check_numbers(where, entry, ("deadline_hours", "hard_deadline_hours"), optional=True)
         for name in ("allocation", "applied"):
             allocation = entry.get(name)
             if allocation is not None and not _is_allocation(allocation):
-                raise ValueError(f'decision_log[{i}].{name} must be {{"spot": {{pool: n}}, "on_demand": n}}, '
-                                 f"got {allocation!r}")
+                raise ValueError(f"{where}.{name} must be {ALLOCATION_FORMAT}, got {allocation!r}")
+        plan = entry.get("plan")
+        if plan is not None and not (isinstance(plan, list) and all(_is_allocation(step) for step in plan)):
+            raise ValueError(f"{where}.plan must be a list of {ALLOCATION_FORMAT}, got {plan!r}")
+        _check_market(where, entry["market"])
+        _check_forecast(where, entry.get("forecast"))
+        training = entry.get("training")
+        if training is not None:
+            _check_numbers(f"{where}.training", _object(f"{where}.training", training),
+                           ("loss", "samples_per_second", "world_size"), optional=True)
+        throughput = entry.get("throughput")
+        if throughput:  # an empty one is none, as the summary reads it
+            _check_numbers(f"{where}.throughput", _object(f"{where}.throughput", throughput), ("alpha",))
+            _check_numbers(f"{where}.throughput", throughput, ("beta",), optional=True)
         try:
             parse_timestamp(str(entry["market_time"]))
         except ValueError:
-            raise ValueError(f"decision_log[{i}].market_time must be a UTC ISO-8601 timestamp, "
+            raise ValueError(f"{where}.market_time must be a UTC ISO-8601 timestamp, "
                              f"got {entry['market_time']!r}") from None
     return list(decision_log)
 
 
 def check_result(result: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """The result unchanged, or a ValueError naming the missing field."""
+    """The result unchanged, or a ValueError naming the field that is missing or of a wrong type."""
     if result is None:
         return None
     if not isinstance(result, Mapping):
@@ -198,6 +215,11 @@ def check_result(result: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     if missing:
         raise ValueError(f"result lacks {', '.join(missing)}; "
                          f"the operator's return value holds {', '.join(RESULT_FIELDS)}")
+    _check_numbers("result", result, ("cost", "on_demand_cost", "savings", "savings_fraction", "preemptions"))
+    _check_numbers("result", result, ("completion_hours", "deadline_hours", "hard_deadline_hours", "utility", "value",
+                                      "slots"), optional=True)
+    if not isinstance(result["deadline_met"], (bool, np.bool_)):
+        raise ValueError(f"result.deadline_met must be true or false, got {result['deadline_met']!r}")
     return result
 
 
@@ -206,7 +228,40 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_allocation(value: Any) -> bool:
-    return isinstance(value, Mapping) and isinstance(value.get("spot"), Mapping) and _is_number(value.get("on_demand"))
+    return (isinstance(value, Mapping) and isinstance(value.get("spot"), Mapping)
+            and all(_is_number(n) for n in value["spot"].values()) and _is_number(value.get("on_demand")))
+
+
+def _check_numbers(where: str, fields: Mapping[str, Any], names: Sequence[str], *, optional: bool = False) -> None:
+    """A ValueError naming ``where.name`` for the first of ``names`` that is no number (``optional``: or null)."""
+    for name in names:
+        value = fields.get(name)
+        if not (_is_number(value) or optional and value is None):
+            raise ValueError(f"{where}.{name} must be a number{' or null' if optional else ''}, got {value!r}")
+
+
+def _object(where: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be an object, got {value!r}")
+    return value
+
+
+def _check_market(where: str, market: Any) -> None:
+    """The market seen: ``{pool: {"spot_price": x, "available": n}}``."""
+    for pool, seen in _object(f"{where}.market", market).items():
+        _check_numbers(f"{where}.market[{pool!r}]", _object(f"{where}.market[{pool!r}]", seen),
+                       ("spot_price", "available"))
+
+
+def _check_forecast(where: str, forecast: Any) -> None:
+    """The forecast over the slots ahead, if any: ``{pool: {"spot_price": [x...], "available": [n...]}}``."""
+    if forecast is None:
+        return
+    for pool, ahead in _object(f"{where}.forecast", forecast).items():
+        for name in ("spot_price", "available"):
+            values = _object(f"{where}.forecast[{pool!r}]", ahead).get(name)
+            if not (isinstance(values, list) and all(_is_number(v) for v in values)):
+                raise ValueError(f"{where}.forecast[{pool!r}].{name} must be a list of numbers, got {values!r}")
 
 
 def _summary(log: Sequence[Mapping[str, Any]], result: Mapping[str, Any] | None) -> str:
