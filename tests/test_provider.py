@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, metadata
 from pathlib import Path
 
 import airflow_provider_spotsched as pkg
@@ -48,6 +48,12 @@ def test_provider_entry_point_returns_the_distribution_name():
 def test_traces_ship_with_their_licence_and_notice():
     for name in ("LICENSE-traces.txt", "NOTICE-traces.txt", pkg.AWS_TRACE.name, pkg.GCP_TRACE.name):
         assert (pkg.TRACES_DIR / name).is_file()
+
+
+def test_the_distribution_carries_the_projects_licence_and_notice():
+    # NOTICE holds the Apache-2.0 attribution of the ported SkyNomad policies: a wheel must carry it
+    files = set(metadata("airflow-provider-spotsched").get_all("License-File") or [])
+    assert {"LICENSE", "NOTICE"} <= files
 
 
 def test_core_imports_and_runs_without_airflow():
