@@ -234,9 +234,10 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         worker, polling the backend, for deployments that run no triggerer: same decisions, same
         result, one worker slot held for the whole run.
 
-    Every argument but ``backend``, ``slot_hours``, ``forecaster``, ``regions``, ``policy`` and
-    ``hard_deadline_factor``/``reconfig_overhead_hours`` is templated, so the job's size, its
-    instance counts and its market can come from an upstream task's XCom.
+    Every argument but ``backend``, ``slot_hours``, ``forecaster``, ``regions``, ``policy``,
+    ``hard_deadline_factor``/``reconfig_overhead_hours``, ``poll_interval``, ``deferrable`` and
+    ``adapter_asset`` is templated, so the job's size, its instance counts and its market can come
+    from an upstream task's XCom.
     """
 
     template_fields: Sequence[str] = (
