@@ -10,12 +10,12 @@ from urllib.parse import unquote, urljoin
 
 import pytest
 
+from airflow_provider_spotsched.market.slots import cloud_region
 from airflow_provider_spotsched.simulation.fleet import (
     PER_RUN_POINTS,
     FleetRun,
     outcome,
     parse_bound,
-    region_of,
     selector_view,
     summarise,
 )
@@ -96,7 +96,7 @@ def test_preemptions_per_pool_and_per_region():
                                           ("us-east-1a", "us-east-1"), ("ap-southeast-2c", "ap-southeast-2"),
                                           ("local", "local"), ("pool-7", "pool-7")])
 def test_regions_are_read_from_zone_names(pool, region):
-    assert region_of(pool) == region
+    assert cloud_region(pool) == region
 
 
 def test_spend_against_budget_counts_runs_that_had_one():
@@ -240,7 +240,7 @@ def test_charts_draw_a_dollar_in_a_member_or_pool_name_as_typed():
         {"context": "k", "round": 1, "weights": {"chc": 0.5, "price $\\x$": 0.5}, "member": "chc"}]}))
     assert "price $\\x$" in chart_svg(selector_chart, view["contexts"][0])
     pool = "zone-$\\q$"
-    svg = chart_svg(preemptions_chart, {"by_pool": {pool: 2}, "by_region": {region_of(pool): 2}})
+    svg = chart_svg(preemptions_chart, {"by_pool": {pool: 2}, "by_region": {cloud_region(pool): 2}})
     assert pool in svg
 
 

@@ -7,10 +7,11 @@ from datetime import datetime, timezone
 
 import pytest
 
+from airflow_provider_spotsched.market.slots import cloud_region
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.spot_lifetime import PoolLifetime
-from airflow_provider_spotsched.scheduling.policies.uniform_progress_multi import cloud_region, running_pool
+from airflow_provider_spotsched.scheduling.policies.uniform_progress_multi import running_pool
 from airflow_provider_spotsched.scheduling.replay import simulate
 from airflow_provider_spotsched.simulation.evaluation import DEFAULT_POLICIES, PEERS, POLICY_SPECS, Evaluation, GridConfig
 from airflow_provider_spotsched.simulation.report import summary_markdown

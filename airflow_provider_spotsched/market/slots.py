@@ -11,6 +11,7 @@ process: it is counted all the same, but it hides capacity a schedule might have
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -72,6 +73,18 @@ class SlotMarket:
 
     def describe(self) -> str:
         return f"{self.num_pools} pools from {format_timestamp(self.start)}, {self.num_slots} slots of {self.slot_hours:g} h"
+
+
+def cloud_region(pool: str) -> str:
+    """The cloud region of a zone name: ``us-central1-a`` -> ``us-central1``, ``us-east-1a`` -> ``us-east-1``.
+
+    A name that looks like neither (an instance type, say) is its own region.
+    """
+    gcp = re.match(r"^(.+\d+)-[a-z]$", pool)
+    if gcp:
+        return gcp.group(1)
+    aws = re.match(r"^(.+-\d+)[a-z]$", pool)
+    return aws.group(1) if aws else pool
 
 
 def pool_names(pools: str | Sequence[str], field: str = "pools") -> tuple[str, ...]:

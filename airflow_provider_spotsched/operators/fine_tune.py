@@ -47,7 +47,7 @@ from airflow_provider_spotsched.forecast import FORECASTERS, LIVE_FORECASTERS
 from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_backend, build_environment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.links.report import SpotRunReportLink
-from airflow_provider_spotsched.market.slots import pool_names
+from airflow_provider_spotsched.market.slots import cloud_region, pool_names
 from airflow_provider_spotsched.market.source import MarketSource
 from airflow_provider_spotsched.operators.lineage import (
     AdapterLineageMixin,
@@ -69,7 +69,6 @@ from airflow_provider_spotsched.scheduling.model import (
 )
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, check_budget
 from airflow_provider_spotsched.scheduling.policies import POLICIES
-from airflow_provider_spotsched.scheduling.policies.uniform_progress_multi import cloud_region
 from airflow_provider_spotsched.scheduling.selector_store import starting_state, store_round
 from airflow_provider_spotsched.triggers.spot_job import SpotJobTrigger
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
+from airflow_provider_spotsched.market.slots import cloud_region
+
 # a task instance in one of these states will not change its XComs again
 ENDED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 OUTCOMES = ("met", "soft_miss", "hard_miss", "missed")
@@ -36,8 +38,6 @@ KEYS_ADDED_LATER = ("hard_deadline_met", "preemptions_by_pool", "budget")
 RECENT_RUNS = 50  # rows of the page's table of the most recent runs
 PER_RUN_POINTS = 500  # up to this many finished runs the savings chart has a point per run
 HOURLY_SPAN = timedelta(days=14)  # above PER_RUN_POINTS runs: hourly points over this span, else daily
-# a pool named like a zone: GCP ``us-east4-a`` (region ``us-east4``), AWS ``us-east-1a`` (``us-east-1``)
-_ZONE = re.compile(r"^(?P<region>.*\d)-?[a-z]$")
 
 
 @dataclass(frozen=True)
@@ -128,12 +128,6 @@ def savings_of(result: Mapping[str, Any]) -> float | None:
         return saved
     cost, reference = number(result.get("cost")), number(result.get("on_demand_cost"))
     return None if cost is None or reference is None else reference - cost
-
-
-def region_of(pool: str) -> str:
-    """The region of a pool named like a zone (``us-east4-a`` -> ``us-east4``); else the pool itself."""
-    found = _ZONE.match(pool)
-    return found.group("region") if found else pool
 
 
 @dataclass(slots=True)
@@ -234,7 +228,7 @@ def summarise(runs: Iterable[FleetRun], *, recent: int = RECENT_RUNS) -> dict[st
             unattributed += _add_pools(fact, by_pool)
     by_region: defaultdict[str, float] = defaultdict(float)
     for pool, count in by_pool.items():
-        by_region[region_of(pool)] += count
+        by_region[cloud_region(pool)] += count
     newest = heapq.nlargest(max(recent, 0), runs, key=_recency)
     return {
         "totals": totals.as_dict(),

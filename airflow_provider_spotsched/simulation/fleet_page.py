@@ -24,7 +24,8 @@ from matplotlib import colormaps, dates
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from airflow_provider_spotsched.simulation.fleet import parse_bound, region_of, utc
+from airflow_provider_spotsched.market.slots import cloud_region
+from airflow_provider_spotsched.simulation.fleet import parse_bound, utc
 from airflow_provider_spotsched.simulation.run_charts import ON_DEMAND_COLOUR, figure_svg, literal
 from airflow_provider_spotsched.simulation.run_report import run_path
 
@@ -75,7 +76,7 @@ def preemptions_chart(preemptions: Mapping[str, Any]) -> Figure:
     figure = Figure(figsize=(10, 1.2 + 0.32 * rows), layout="constrained")
     left, right = figure.subplots(1, 2, width_ratios=(3, 2))
     pools = list(by_pool)[::-1]
-    left.barh([literal(p) for p in pools], [by_pool[p] for p in pools], color=[colour[region_of(p)] for p in pools])
+    left.barh([literal(p) for p in pools], [by_pool[p] for p in pools], color=[colour[cloud_region(p)] for p in pools])
     left.set_title("per pool (zone)", fontsize="medium")
     names = regions[::-1]
     right.barh([literal(r) for r in names], [by_region[r] for r in names], color=[colour[r] for r in names])

@@ -38,11 +38,11 @@ The artifact schedules a single instance; so do these, refusing ``max_instances 
 
 from __future__ import annotations
 
-import re
 from abc import abstractmethod
 
 import numpy as np
 
+from airflow_provider_spotsched.market.slots import cloud_region
 from airflow_provider_spotsched.scheduling.model import WORK_EPSILON, Allocation, Job, JobError
 from airflow_provider_spotsched.scheduling.policies.safety_net import SafetyNetPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation
@@ -62,18 +62,6 @@ def require_single_instance(job: Job, policy: str) -> None:
             "artifact it is ported from; set max_instances=1, or use a multi-instance policy such as "
             "uniform-progress or chc"
         )
-
-
-def cloud_region(pool: str) -> str:
-    """The cloud region of a zone name: ``us-central1-a`` -> ``us-central1``, ``us-east-1a`` -> ``us-east-1``.
-
-    A name that looks like neither (an instance type, say) is its own region.
-    """
-    gcp = re.match(r"^(.+\d+)-[a-z]$", pool)
-    if gcp:
-        return gcp.group(1)
-    aws = re.match(r"^(.+-\d+)[a-z]$", pool)
-    return aws.group(1) if aws else pool
 
 
 def single_spot(pool: int, num_pools: int) -> Allocation:
