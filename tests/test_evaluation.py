@@ -143,6 +143,22 @@ def test_a_trace_split_by_kind_of_job_learns_as_one_sequence(monkeypatch, slice_
     assert merged["warm_up_rounds"] == whole["warm_up_rounds"]
 
 
+def test_the_pool_runs_each_kinds_selector_part_as_one_sequence_would(monkeypatch, slice_trace, slice_path):
+    # evaluate() runs the selector one task per kind in its process pool, beside other scenarios:
+    # the selector's rows and learning are still those of one sequential run
+    pool = [{"policy": "greedy"}, {"policy": "prediction-free", "params": {"price_threshold": 0.5}}]
+    monkeypatch.setitem(ev.POLICY_SPECS, "selector", ev.PolicySpec("selector", "selector", (("pool", pool),)))
+    config = GridConfig(traces=(str(slice_path),), policies=("greedy", "selector"), scenarios=2, **{**TINY, "n_max": (1, 2)})
+    evaluation = ev.evaluate(config, workers=2)
+    runs = [run_scenario(config, scenario, [], selector=True) for scenario in plan_scenarios(config, slice_trace)]
+    whole_rows, whole = run_selector(config, runs)
+    outcome = lambda rows: sorted((r.start, r.n_max, r.cost, r.utility) for r in rows if r.policy == "selector")  # noqa: E731
+    assert outcome(evaluation.rows) == outcome(whole_rows) and len(outcome(whole_rows)) == 4
+    learnt = evaluation.selector[ev.trace_name(str(slice_path))]
+    assert learnt["plays"] == whole["plays"] and learnt["rounds"] == whole["rounds"]
+    assert learnt["final_state"]["contexts"] == whole["final_state"]["contexts"]
+
+
 def test_evaluate_writes_every_file_with_the_right_columns(tmp_path, slice_path, capsys):
     out = tmp_path / "eval"
     policies = ["on-demand", "greedy", "optimal", "chc-oracle-0", "chc-oracle-0.5", "selector"]
