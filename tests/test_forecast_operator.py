@@ -109,6 +109,9 @@ def test_bad_input_is_refused_with_the_field_to_fix():
         SpotMarketForecastOperator(task_id="f", market="gcp", at="yesterday").execute({})
     with pytest.raises(TraceError, match="pool"):
         SpotMarketForecastOperator(task_id="f", market="gcp", pools=["mars-1a"], at=AT).execute({})
+    for tiny in (1e-9, 0, float("nan")):  # refused when the DAG is parsed, not by running out of memory
+        with pytest.raises(ValueError, match="slot_hours="):
+            SpotMarketForecastOperator(task_id="f", market="gcp", slot_hours=tiny)
 
 
 @pytest.mark.parametrize("pools", ["us-east4-a,europe-west1-c", "us-east4-a"])

@@ -27,6 +27,7 @@ from airflow_provider_spotsched.forecast.snapshot import (
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.trace import parse_instant
+from airflow_provider_spotsched.scheduling.model import check_field
 
 
 class SpotMarketForecastOperator(BaseOperator):
@@ -72,8 +73,7 @@ class SpotMarketForecastOperator(BaseOperator):
             raise ValueError(f"horizon must be 1..{MAX_HORIZON} slots, got {horizon!r}")
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in at_least):
             raise ValueError(f"at_least must hold instance counts >= 1, got {list(at_least)!r}")
-        if not slot_hours > 0:
-            raise ValueError(f"slot_hours must be > 0, got {slot_hours!r}")
+        check_field("slot_hours", slot_hours)  # a minute or more: a slot of 1e-9 h would ask for terabytes of slots
         if isinstance(max_staleness_hours, bool) or not isinstance(max_staleness_hours, (int, float)) \
                 or not max_staleness_hours >= 0:
             raise ValueError(f"max_staleness_hours must be a number >= 0, got {max_staleness_hours!r}")
