@@ -85,3 +85,11 @@ def test_empty_file_duplicate_ticks_and_missing_file(tmp_path):
         load_trace(write(tmp_path, dup))
     with pytest.raises(TraceError, match="no such trace file"):
         load_trace(tmp_path / "missing.csv")
+
+
+def test_a_mistyped_year_is_refused_naming_the_span_not_resampled_to_millions_of_slots(tmp_path):
+    typo = "0001-01-01T00:00:00Z,a,1.0,2,3.0\n2025-01-01T00:00:00Z,a,1.0,2,3.0\n"
+    with pytest.raises(TraceError, match=r"from 0001-01-01T00:00:00Z to 2025-01-01T00:00:00Z, over 3660 days"):
+        load_trace(write(tmp_path, typo))
+    decade = "2015-01-01T00:00:00Z,a,1.0,2,3.0\n2025-01-01T00:00:00Z,a,1.0,2,3.0\n"
+    assert load_trace(write(tmp_path, decade)).tick_seconds > 0  # ten years of history are fine

@@ -24,6 +24,8 @@ import numpy as np
 
 COLUMNS = ("timestamp", "market", "spot_price", "available", "on_demand_price")
 GZIP_MAGIC = b"\x1f\x8b"
+MAX_SPAN_DAYS = 3660
+"""Ten years of ticks: a longer trace holds a mistyped timestamp, not a market history."""
 MAX_AVAILABLE = 2**53
 """Counts are read as numbers; above 2**53 a float no longer holds a whole count exactly."""
 
@@ -147,7 +149,15 @@ def _read_rows(reader: Iterator[list[str]], source: str) -> Trace:
         rows.setdefault(row[index["market"]].strip(), []).append(_parse_row(row, index, source, line))
     if not rows:
         raise TraceError(f"{source}: no data rows after the header")
-    return Trace(source, {name: _series(name, ticks, source) for name, ticks in rows.items()})
+    trace = Trace(source, {name: _series(name, ticks, source) for name, ticks in rows.items()})
+    if trace.last_time - trace.first_time > MAX_SPAN_DAYS * 86400.0:
+        first, last = (datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+                       for t in (trace.first_time, trace.last_time))  # isoformat: strftime drops a year's leading zeros
+        raise TraceError(
+            f"{source}: its ticks run from {first} to {last}, over {MAX_SPAN_DAYS} days; a timestamp is likely "
+            "mistyped (a year of 0001 or 9999 would make millions of slots): fix it or split the file"
+        )
+    return trace
 
 
 def _parse_row(row: list[str], index: dict[str, int], source: str, line: int) -> tuple[float, float, int, float]:
