@@ -131,14 +131,27 @@ def test_credentials_on_the_command_line_or_in_the_checkpoint_uri_are_refused():
         (("env", "AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP", "train"), "s3://b/run", r"job.command\[1\]"),
         (("python3", "train.py", "--hf-token", token), "s3://b/run", r"job.command\[3\].*hf_token_secret"),
         (("train",), "https://user:hunter2@storage.example/run", "checkpoint_uri holds a credential"),
+        (("python3", "train.py", "--hub_token=abc123"), "s3://b/run", r"job.command\[2\]"),
+        (("python3", "train.py", "--wandb_api_key=0123456789abcdef"), "s3://b/run", r"job.command\[2\]"),
+        (("env", "aws_secret_access_key=abc", "train"), "s3://b/run", r"job.command\[1\]"),
+        (("sh", "-c", "export AWS_SECRET_ACCESS_KEY=abc; train"), "s3://b/run", r"job.command\[2\]"),
+        (("train",), "https://storage.example/run?X-Amz-Signature=abc", "checkpoint_uri holds a credential"),
     ):
         job = TrainingJob("job-1", command, uri, ("a",))
         for provider in ("aws", "gcp"):
             with pytest.raises(BackendError, match=message):
                 startup_script(job, provider)  # type: ignore[arg-type]
-    harmless = TrainingJob("job-1", ("python3", "train.py", "--max-new-tokens", "256", "MAX_STEPS=10"), "gs://b/run",
-                           ("a",), env={"TOKENIZERS_PARALLELISM": "false"})
+    harmless = TrainingJob("job-1", ("python3", "train.py", "--max-new-tokens", "256", "MAX_STEPS=10", "--max_tokens=512",
+                                     "--pad_token=<pad>", "--tokenizer_name=gpt2"), "gs://b/run?generation=3",
+                           ("a",), env={"TOKENIZERS_PARALLELISM": "false", "MONKEY_PATCH": "1"})
     assert "export TOKENIZERS_PARALLELISM=false" in startup_script(harmless, "gcp")
+
+
+@pytest.mark.parametrize("name", ["WANDB_KEY", "OPENAI_KEY", "APIKEY", "GITHUB_TOKEN", "DB_PASSWD"])
+def test_an_env_name_with_key_token_or_password_as_a_word_is_refused(name):
+    # docs/backends.md: names with SECRET, TOKEN, PASSWORD, KEY ... never reach the user data
+    with pytest.raises(BackendError, match="looks like a credential"):
+        startup_script(TrainingJob("job-1", ("train",), "ckpt", ("a",), env={name: "x"}), "aws")
 
 
 @pytest.mark.parametrize("job_id", ["", "..", ".", "a/b", "job id"])

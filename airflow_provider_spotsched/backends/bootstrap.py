@@ -61,13 +61,21 @@ MAX_SCRIPT_BYTES = 16 * 1024
 """EC2 refuses user data above 16 KiB; Compute Engine allows more, one limit keeps both safe."""
 
 # Names and values that carry secrets; they must reach the instance through its cloud identity.
-# (TOKENIZERS_PARALLELISM, a common Hugging Face setting, is no token.)
-_SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN(?!IZER)|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY)", re.I)
+# A KEY standing as a word of the name (WANDB_KEY, api_key, apikey; not MONKEY or KEYRING) is one.
+# No token: TOKENIZERS_PARALLELISM, a count of tokens (max_new_tokens) or a tokenizer's special
+# token (pad_token, eos_token ...).
+_SECRET_NAME = re.compile(
+    r"SECRET|PASSW(?:OR)?D|CREDENTIAL|PRIVATE|(?<![A-Z])(?:ACCESS|API|AUTH)?_?KEY(?![A-Z])"
+    r"|(?<!PAD_)(?<!EOS_)(?<!BOS_)(?<!UNK_)(?<!SEP_)(?<!CLS_)(?<!MASK_)TOKEN(?!IZER|S)",
+    re.I,
+)
 _SECRET_VALUE = re.compile(
     r"(AKIA|ASIA)[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----|\"private_key\"|\bhf_[A-Za-z0-9]{30,}"
 )
-_ASSIGNMENT = re.compile(r"([A-Z_][A-Z0-9_]*)=.")  # an `env NAME=value` argument of the command
+# a NAME=value anywhere in a command argument: `env NAME=value`, `--name=value`, `export NAME=value` in `sh -c`
+_ASSIGNMENT = re.compile(r"(?:^|[\s;&|'\"(])-{0,2}([A-Za-z_][A-Za-z0-9_.-]*)=(?=\S)")
 _URL_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")  # scheme://user:password@host
+_URL_SECRET_PARAMETER = re.compile(r"[?&][^=&#]*(?:secret|token|key|sig|credential|password)[^=&#]*=", re.I)  # a signed URL
 
 HF_TOKEN_SECRET = "SPOTSCHED_HF_TOKEN_SECRET"
 """The ``job.env`` name of the Hugging Face token's secret reference (see the module docstring)."""
@@ -237,15 +245,16 @@ def check_command_carries_no_credentials(job: TrainingJob) -> None:
     """Refuse a command argument or checkpoint URI that holds a credential: the command goes into
     the start-up script, readable metadata, as ``job.env`` does."""
     for index, argument in enumerate(job.command):
-        assignment = _ASSIGNMENT.match(argument)
-        if _SECRET_VALUE.search(argument) or (assignment and _SECRET_NAME.search(assignment.group(1))):
+        names = (match.group(1) for match in _ASSIGNMENT.finditer(argument))
+        if _SECRET_VALUE.search(argument) or any(_SECRET_NAME.search(name) for name in names):
             raise BackendError(
                 f"job.command[{index}] looks like a credential; start-up scripts are stored as instance "
                 "metadata that anyone with describe access can read. Give the instance its access through "
                 "an instance profile (EC2) or a service account (Compute Engine), and a Hugging Face token "
                 "as a secret reference (hf_token_secret), never on the command line"
             )
-    if _SECRET_VALUE.search(job.checkpoint_uri) or _URL_PASSWORD.search(job.checkpoint_uri):
+    uri = job.checkpoint_uri
+    if _SECRET_VALUE.search(uri) or _URL_PASSWORD.search(uri) or _URL_SECRET_PARAMETER.search(uri):
         raise BackendError(
             "checkpoint_uri holds a credential; give the bucket's location only (s3://BUCKET/PREFIX or "
             "gs://BUCKET/PREFIX) and the instance its access through its instance profile or service account"
