@@ -199,3 +199,18 @@ def test_divergence_beyond_the_allowed_rollbacks_fails_clearly(tmp_path, capsys)
     assert code == 1
     assert "training diverged (loss is nan) after 0 rollback(s)" in capsys.readouterr().err
     assert not (tmp_path / "ckpt" / "final").exists()
+
+
+def test_progress_counts_only_checkpointed_samples_while_steps_run_on(tmp_path):
+    # checkpoints a minute apart: steps go on from the initial checkpoint, and progress.json (what the
+    # scheduler plans on, and reads as the job's end when it reaches the total) must stay at its samples
+    config = write_config(tmp_path, checkpoint={"keep": 3, "min_interval_s": 60.0, "max_interval_s": 120.0},
+                          samples_per_second_per_worker=16.0)
+    uri, seen = tmp_path / "ckpt", []
+    with late_sigterm_ignored():
+        when_progress(uri, lambda p: p["step"] >= 4 and not seen.append(p), lambda: os.kill(os.getpid(), signal.SIGTERM))
+        code, events = run_inline(config, uri)
+    assert code == 75 and seen
+    assert seen[0]["samples_done"] == 0 and seen[0]["checkpoint"] == "ckpt-000000000"  # 32 samples run, none stored
+    stored = [e for e in events if e["event"] == "checkpoint"]
+    assert json.loads((uri / "progress.json").read_text())["samples_done"] == stored[-1]["samples_done"]

@@ -233,12 +233,14 @@ class Trainer:
         return seconds
 
     def write_progress(self, status: str, samples_done: int | None = None) -> None:
-        """The leader's ``progress.json`` (``samples_done``: instead of the work done so far); best-effort."""
+        """The leader's ``progress.json``; best-effort. Its ``samples_done`` is the checkpointed work
+        (the contract's: what survives a preemption), unless given: the scheduler plans on it, and
+        reads all of it done as the job's end."""
         if not self.workers.leader:
             return
         try:
             write_progress(self.store.uri, Progress(
-                samples_done=self.samples_done if samples_done is None else samples_done,
+                samples_done=self.checkpointed_samples if samples_done is None else samples_done,
                 samples_total=self.config.samples, step=self.step,
                 loss=self.losses[-1] if self.losses else None, samples_per_second=round(self.throughput, 3),
                 world_size=self.workers.world_size, checkpoint=self.latest_checkpoint, status=status,
