@@ -160,6 +160,26 @@ def test_a_step_late_by_several_slots_bills_what_ran_through_them_and_decides_on
     assert current.slot in (late - 1, late) and current.forecast is not None  # decided, with its forecast
 
 
+def test_slots_that_pass_after_a_release_are_carried_idle_not_billed_as_running(tmp_path):
+    """A kill (the trigger's on_kill) or a failed try releases every instance; the next try re-attaches
+    later: the slots in between ran nothing, whatever allocation was in force."""
+    saved: list[dict[str, Any]] = []
+    driver = make_driver(tmp_path, saved, step_s=5.0)
+    again = None
+    try:
+        driver.step()
+        assert driver.run.records[0].applied["spot"] or driver.run.records[0].applied["on_demand"]
+        driver.release()
+        time.sleep(2.5 * driver.run.config.wall_seconds_per_slot)  # the task failed; its retry comes later
+        again = RunDriver.from_state(driver.env, json.loads(json.dumps(saved[-1])), saved.append)
+        again.step(reattach=True)
+    finally:
+        (again or driver).release()
+    carried = again.run.records[1:-1]
+    assert carried and all(r.plan is None and r.applied == {"spot": {}, "on_demand": 0} for r in carried)
+    assert again.run.records[-1].forecast is not None  # the current slot is decided and launched again
+
+
 def test_the_core_driver_imports_without_airflow():
     code = (
         "import sys; import airflow_provider_spotsched.execution.driver, airflow_provider_spotsched.cli; "

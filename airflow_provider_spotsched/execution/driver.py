@@ -13,8 +13,9 @@ waits in-process.
 The rules a caller must not have to know:
 
 - **catch-up**: a step late by several slots records the slots it missed as carried (the
-  allocation in force ran on through them, capped by each slot's capacity, and is billed;
-  nothing is decided or launched for a slot that is over) and decides the current one, so the
+  allocation in force ran on through them, capped by each slot's capacity, and is billed; after
+  a release, by a kill or a failed try, nothing ran and they are idle; nothing is decided or
+  launched for a slot that is over) and decides the current one, so the
   bill and the decision log have one entry per slot, and the bill is what ran;
 - **durable before acting**: the state is handed to ``persist`` after every decision and before
   the backend acts on it, so a restarted caller re-attaches to the same job (nothing launched
@@ -265,7 +266,8 @@ class RunDriver:
             return Wait(boundary=boundary, known_preemptions=status.preemptions, known_failures=self.known_failures,
                         poll_interval=poll_interval)
         current = self.slot_at(now)
-        self._carry_to(current - 1, now)  # slots that are over ran on what was in force
+        released = all(i.state is InstanceState.RELEASED for i in status.instances)  # by a kill or a failed try
+        self._carry_to(current - 1, now, released)  # slots that are over ran on what was in force, if anything
         if run.slot < current:
             run.observe(*self.env.market.row(run.slot + 1, run.config.pools, now))
             status = self._decide(now, status)
@@ -335,12 +337,14 @@ class RunDriver:
         self.release()
         return Finished(run)
 
-    def _carry_to(self, slot: int, now: datetime) -> None:
-        """Record and bill the slots up to ``slot`` that the job ran through unwatched (module docstring)."""
+    def _carry_to(self, slot: int, now: datetime, released: bool = False) -> None:
+        """Record and bill the slots up to ``slot`` that the job ran through unwatched (module docstring);
+        none ran anything if every instance was ``released``."""
         run = self.run
         while run.records and run.slot < slot:
             work_done = read_work_done(self.training.checkpoint_uri, self.env.locate)
-            record = run.pass_unwatched(*self.env.market.row(run.slot + 1, run.config.pools, now), now, work_done)
+            row = self.env.market.row(run.slot + 1, run.config.pools, now)
+            record = run.pass_unwatched(*row, now, work_done, released)
             log.info("slot %d went by with no step; %s ran on", record.slot, record.applied)
 
     def slot_at(self, now: datetime) -> int:

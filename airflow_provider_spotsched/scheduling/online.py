@@ -354,16 +354,22 @@ class OnlineRun:
         self.records[-1].next_decision = format_instant(at)
 
     def pass_unwatched(
-        self, spot_price: Sequence[float] | np.ndarray, available: Sequence[int] | np.ndarray, now: datetime, work_done: float
+        self,
+        spot_price: Sequence[float] | np.ndarray,
+        available: Sequence[int] | np.ndarray,
+        now: datetime,
+        work_done: float,
+        released: bool = False,
     ) -> SlotRecord:
         """The next slot went by with nobody deciding (the job ended while no caller was stepping).
 
         The allocation in force ran on, capped by the slot's spot capacity: the slot is recorded
-        with it as decided and applied, so it is billed like any other.
+        with it as decided and applied, so it is billed like any other. A job whose instances were
+        all ``released`` (a kill, a failed try) ran nothing: the slot is recorded idle.
         """
         if not self.records:
             raise ValueError("no slot has been decided: there is no allocation in force to run on")
-        in_force = self.allocation_in_force()
+        in_force = Allocation.idle(len(self.config.pools)) if released else self.allocation_in_force()
         self.observe(spot_price, available)
         ran = allocation_to_dict(self._capped_by_capacity(in_force), self.config.pools)
         record = replace(
