@@ -37,6 +37,7 @@ from airflow_provider_spotsched.operators.fine_tune import (
     DeadlineSpotFineTuneOperator,
     job_id_for,
 )
+from airflow_provider_spotsched.operators.lineage import AdapterLineage
 from airflow_provider_spotsched.scheduling.model import JobError
 from airflow_provider_spotsched.scheduling.online import BudgetError
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
@@ -393,6 +394,31 @@ def test_a_resume_that_fails_before_its_driver_is_rebuilt_releases_the_job(tmp_p
     with pytest.raises(ConnectionMissingError):
         operator(tmp_path).execute_slot(context, {"reason": "boundary", "time": datetime.now(timezone.utc).isoformat()})
     assert nothing_left(tmp_path, job.job_id)
+
+
+@pytest.mark.parametrize("entry", ["execute_slot", "retry"])
+def test_a_bad_min_deferral_seconds_met_by_a_running_job_releases_it(tmp_path, monkeypatch, entry):
+    # an admin's typo while the job trains: the resumed try and every retry fail on it; none may leave it running
+    store = TaskStateStore()
+    job = TrainingJob.from_dict(start(operator(tmp_path, worker={"samples": 10_000}), TaskContext(store)).trigger.job)
+    monkeypatch.setenv("AIRFLOW__SPOTSCHED__MIN_DEFERRAL_SECONDS", "15s")
+    resumed = operator(tmp_path, worker={"samples": 10_000})
+    with pytest.raises(JobError, match="min_deferral_seconds='15s'"):
+        if entry == "retry":
+            resumed.execute(TaskContext(store, try_number=2))
+        else:
+            resumed.execute_slot(TaskContext(store), {"reason": "boundary", "time": datetime.now(timezone.utc).isoformat()})
+    assert nothing_left(tmp_path, job.job_id)
+
+
+def test_backend_options_rendered_to_json_text_are_read_on_the_resumed_try_that_reports_lineage(tmp_path):
+    text = json.dumps({"workdir": str(tmp_path / "local"), "seconds_per_slot": 3.0, "market_start": MARKET_START})
+    context = TaskContext(TaskStateStore())
+    deferred = start(operator(tmp_path, samples=100, backend_options=text), context)
+    resumed = operator(tmp_path, samples=100, backend_options=text)  # Airflow renders a new operator per resume
+    drive(resumed, context, deferred)
+    assert resumed.backend_options == json.loads(text)
+    assert AdapterLineage.of(resumed, "file:///x/final").market is not None  # the market it ran on, an input
 
 
 def test_a_wake_is_held_until_the_deferral_has_lasted_min_deferral_seconds(tmp_path, monkeypatch):

@@ -383,13 +383,12 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Validate, then start the run, or re-attach to the one a previous try left."""
-        min_deferral_seconds()  # a bad setting is refused before anything launches
         saved = self._load(context)()
         if saved:
             self.log.info("re-attaching to job %s, left by a previous try", saved["job"]["job_id"])
             return self._resume(context, saved, reattach=True)
-        for name in ("backend_options", "training_config", "policy_params"):  # JSON text where a template rendered it
-            setattr(self, name, rendered_object(name, getattr(self, name)))
+        min_deferral_seconds()  # a bad setting is refused before anything launches
+        self._read_rendered_objects()
         spec = self._backend_spec()
         env = build_environment(spec, self.slot_hours, self._market_source())
         driver = self._start(context, spec, env)
@@ -424,6 +423,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         ``reattach``: a new try of the task (see :meth:`RunDriver.step`).
         """
         try:
+            min_deferral_seconds()  # refused here, a bad setting fails the task with the job released, not running
+            self._read_rendered_objects()  # every try: the lineage read at the end reads backend_options
             spec = BackendSpec.from_dict(saved["backend"])
             env = build_environment(spec, self.slot_hours, self._market_source())
             driver = RunDriver.from_state(env, saved, self._persist(context, spec), self._load(context))
@@ -431,6 +432,11 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
             self._release_saved(saved)
             raise
         return self._drive(context, spec, driver, reattach)
+
+    def _read_rendered_objects(self) -> None:
+        """The dict parameters a template rendered to JSON text, as dicts (each try renders anew)."""
+        for name in ("backend_options", "training_config", "policy_params"):
+            setattr(self, name, rendered_object(name, getattr(self, name)))
 
     def _release_saved(self, saved: Mapping[str, Any]) -> None:
         """End every instance of the stored run's job through its stored backend (its connection only)."""
