@@ -214,3 +214,10 @@ def test_progress_counts_only_checkpointed_samples_while_steps_run_on(tmp_path):
     assert seen[0]["samples_done"] == 0 and seen[0]["checkpoint"] == "ckpt-000000000"  # 32 samples run, none stored
     stored = [e for e in events if e["event"] == "checkpoint"]
     assert json.loads((uri / "progress.json").read_text())["samples_done"] == stored[-1]["samples_done"]
+
+
+def test_a_seq_len_beyond_the_models_context_exits_2_before_training(tmp_path, capsys):
+    config, uri = write_config(tmp_path, seq_len=300), tmp_path / "ckpt"  # the builtin model has 256 positions
+    code, events = run_inline(config, uri)
+    assert code == 2 and not [e for e in events if e["event"] in ("step", "checkpoint")]
+    assert "seq_len=300 exceeds the model's context of 256 positions" in capsys.readouterr().err

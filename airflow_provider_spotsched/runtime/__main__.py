@@ -105,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers = join_workers()
             return Trainer(config, args.checkpoint_uri, workers, stop,
                            notice_window_s=notice.window_s if notice else None).run()
+        except ConfigError as error:  # found once the model is read (a seq_len beyond its context)
+            print(f"spotsched-train: {error}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
         except Exception as error:  # the contract: any failure is a non-0/75 code with its reason on stderr
             print(f"spotsched-train: failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             return EXIT_FAILURE

@@ -30,7 +30,7 @@ from transformers import PrinterCallback, TrainerCallback, TrainerControl, Train
 from airflow_provider_spotsched.runtime.config import BUILTIN_MODEL, ConfigError, TrainConfig
 from airflow_provider_spotsched.runtime.hf_callback import SpotCallback
 from airflow_provider_spotsched.runtime.hf_data import ensure_chat_template, load_records, record_format, split_eval, tokenize
-from airflow_provider_spotsched.runtime.model import load_model_and_tokenizer, wrap_lora
+from airflow_provider_spotsched.runtime.model import check_seq_len, load_model_and_tokenizer, wrap_lora
 from airflow_provider_spotsched.runtime.preemption import NoticeSource, StopFlag
 
 
@@ -178,6 +178,7 @@ def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
 
     torch.manual_seed(config.seed)  # the LoRA initialisation
     base, tokenizer = load_model_and_tokenizer(config.model, quantization_config(config))
+    check_seq_len(base, config.seq_len)
     if config.quantization is not None:  # QLoRA: norms in fp32, inputs that need grads for checkpointing
         from peft import prepare_model_for_kbit_training
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from airflow_provider_spotsched.runtime.config import BUILTIN_DATASET, BUILTIN_MODEL, LoraSettings
+from airflow_provider_spotsched.runtime.config import BUILTIN_DATASET, BUILTIN_MODEL, ConfigError, LoraSettings
 from airflow_provider_spotsched.runtime.data import BUILTIN_DATASETS
 
 if TYPE_CHECKING:
@@ -144,6 +144,15 @@ def load_model_and_tokenizer(name: str, quantization_config: Any = None) -> tupl
         raise ValueError(
             f"model {name!r} could not be loaded (a local path or a hub name is expected): {error}") from None
     return model, tokenizer
+
+
+def check_seq_len(model: torch.nn.Module, seq_len: int) -> None:
+    """Refuse a ``seq_len`` beyond the model's context: its position embeddings would index out of
+    range in the first long batch, after the start-up was paid for, and every retry the same."""
+    config = getattr(model, "config", None)
+    context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    if isinstance(context, int) and seq_len > context:
+        raise ConfigError(f"seq_len={seq_len} exceeds the model's context of {context} positions; give seq_len <= {context}")
 
 
 def wrap_lora(model: torch.nn.Module, settings: LoraSettings, model_name: str) -> PeftModel:

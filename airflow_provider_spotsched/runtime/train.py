@@ -39,7 +39,7 @@ from airflow_provider_spotsched.runtime.data import SampleStream, load_text, ran
 from airflow_provider_spotsched.runtime.distributed import PeerLostError, Workers
 from airflow_provider_spotsched.runtime.guard import bad_loss_reason, check_rollback_allowed
 from airflow_provider_spotsched.runtime.interval import CheckpointInterval
-from airflow_provider_spotsched.runtime.model import load_model_and_tokenizer, wrap_lora
+from airflow_provider_spotsched.runtime.model import check_seq_len, load_model_and_tokenizer, wrap_lora
 from airflow_provider_spotsched.runtime.preemption import StopFlag
 
 LOSS_HISTORY = 200  # losses kept in a checkpoint (the guard's median window and the curve's tail)
@@ -125,6 +125,7 @@ class Trainer:
         random.seed(config.seed)
         np.random.seed(config.seed)
         base, self.tokenizer = load_model_and_tokenizer(config.model)
+        check_seq_len(base, config.seq_len)
         self.model = wrap_lora(base, config.lora, config.model).to(self.workers.device)
         self.model.train()
         self.trainable = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
