@@ -162,10 +162,12 @@ def nth_manifest(n: int) -> Callable[[str, bytes], bool]:
 
 
 def last_step_reported(path: str, data: bytes) -> bool:
+    """The last step's report, written before the final save (its samples_done is the checkpointed work)."""
     if not path.endswith("/progress.json"):
         return False
     progress = json.loads(data)
-    return progress["samples_done"] >= progress["samples_total"] and progress["status"] == "running"
+    last_step = progress["samples_total"] // TINY_JOB["global_batch_size"]
+    return progress["step"] >= last_step and progress["status"] == "running"
 
 
 def record(ledger, run: str, watch: ProgressWatch, outage: Outage, codes: list[int], done: bool) -> None:
