@@ -323,6 +323,44 @@ def test_a_preempted_spot_vm_is_reported_from_its_operation_even_to_a_new_backen
     assert len(gce.inserts()) == 3 and gce.inserts()[-1]["name"] != victim
 
 
+def test_a_spot_vm_stopping_before_its_preemption_operation_is_listed_is_preempted_once(gce):
+    backend = make_backend(gce)
+    backend.reconcile(JOB, Allocation((2, 0), 0))
+    victim = sorted(name for zone, name in gce.instances)[0]
+    gce.instances[("us-central1-a", victim)]["status"] = "STOPPING"  # GCE is taking it back: no operation yet
+
+    status = backend.reconcile(JOB, Allocation((2, 0), 0))
+    taken = [i for i in status.instances if i.instance_id == victim]
+    assert taken[0].state is InstanceState.PREEMPTED and "not listed yet" in taken[0].detail
+    assert not status.failed and status.preemptions == 1
+    assert status.active(POOLS) == Allocation((2, 0), 0) and len(gce.inserts()) == 3  # replaced
+
+    gce.preempt("us-central1-a", victim)  # the VM deleted itself and its operation shows
+    after = backend.status(JOB)
+    assert [i.state for i in after.instances if i.instance_id == victim] == [InstanceState.PREEMPTED]
+    assert after.preemptions == 1 and not after.failed
+
+
+def test_a_spot_vm_terminated_without_a_result_is_preempted_and_release_still_deletes_it(gce):
+    make_backend(gce).reconcile(JOB, Allocation((2, 0), 1))
+    spot = sorted(name for zone, name in gce.instances if zone == "us-central1-a")
+    standard = next(name for zone, name in gce.instances if zone == "us-central1-c")
+    gce.instances[("us-central1-a", spot[0])]["status"] = "TERMINATED"
+    gce.instances[("us-central1-a", spot[1])].update(status="TERMINATED", labels={
+        **gce.instances[("us-central1-a", spot[1])]["labels"], "spotsched-result": "failed-1"})
+    gce.instances[("us-central1-c", standard)]["status"] = "STOPPING"
+
+    restarted = make_backend(gce)  # nothing in memory: the state comes from the listing alone
+    states = {i.instance_id: i.state for i in restarted.status(JOB).instances}
+    assert states == {
+        spot[0]: InstanceState.PREEMPTED,  # ended by GCE, not by the runtime nor by us
+        spot[1]: InstanceState.FAILED,  # the runtime labelled its failure
+        standard: InstanceState.FAILED,  # a standard VM is not preempted: stopped outside spotsched
+    }
+    restarted.release(JOB)
+    assert gce.instances == {}
+
+
 def test_a_new_backend_reattaches_and_release_deletes_every_labelled_vm(gce):
     make_backend(gce).reconcile(JOB, Allocation((1, 1), 1))
     other = TrainingJob("other-job", JOB.command, JOB.checkpoint_uri, POOLS)

@@ -18,6 +18,9 @@ Results and preemptions: the VM labels itself ``spotsched-result=done`` (or ``fa
 and powers off when the training command ends. A preemption leaves a zone operation of type
 ``compute.instances.preempted`` naming the VM, even after the VM deleted itself; ``status`` lists
 those (when given a ``ZoneOperationsClient``), so preemptions stay visible to a restarted caller.
+GCE lists a VM it is taking back as ``STOPPING`` before that operation shows: a spot VM
+``STOPPING`` or ``TERMINATED`` without a result label, not deleted by this backend, is preempted
+already (the same name, so the operation that shows later does not count it twice).
 A VM this backend object saw and that vanished without a delete from it counts as preempted
 too when it was spot (failed when standard).
 """
@@ -64,6 +67,7 @@ CAPACITY_ERRORS = (
 
 PREEMPTED_OPERATION = "compute.instances.preempted"
 _PENDING = ("PROVISIONING", "STAGING", "REPAIRING")
+_STOPPED = ("STOPPING", "TERMINATED")
 _OPERATION_TIMEOUT_S = 600
 
 
@@ -101,6 +105,10 @@ class _Vm:
     @property
     def pool_tag(self) -> str:
         return self.labels.get(LABEL_POOL, "od")
+
+    @property
+    def spot(self) -> bool:
+        return self.labels.get(LABEL_CAPACITY) == "spot"
 
     @property
     def generation(self) -> int:
@@ -279,6 +287,10 @@ class GceBackend(CloudBackend[_Vm, str]):
             return InstanceState.RUNNING, vm.status
         if vm.name in preempted:
             return InstanceState.PREEMPTED, f"{vm.status}, preempted at {preempted[vm.name]}"
+        if vm.spot and vm.status in _STOPPED:
+            # GCE lists a spot VM it takes back as STOPPING before its preemption operation shows, and
+            # a failed command labels its VM itself: without a result label this is a preemption.
+            return InstanceState.PREEMPTED, f"{vm.status} without a result: preempted (its operation is not listed yet)"
         return InstanceState.FAILED, f"{vm.status} without a result: stopped outside spotsched"
 
     def _terminate(self, vms: list[_Vm]) -> None:
