@@ -25,7 +25,7 @@ from airflow_provider_spotsched.backends.base import (
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.bootstrap import HF_TOKEN_SECRET
-from airflow_provider_spotsched.backends.ec2 import Ec2Backend, Ec2Placement
+from airflow_provider_spotsched.backends.ec2 import RENDEZVOUS_PAUSES_S, Ec2Backend, Ec2Placement
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.scheduling.model import Allocation
 from tests.moto_server import FAKE_CREDENTIALS, moto_endpoint  # noqa: F401 (a fixture)
@@ -39,7 +39,8 @@ class RecordingClient:
     """A boto3 EC2 client that records the calls that change things and can refuse launches.
 
     ``no_capacity`` names AZs whose spot launches fail with a real ``InsufficientInstanceCapacity``
-    error response, the way EC2 answers when a pool is short.
+    error response, the way EC2 answers when a pool is short. ``no_address_at_launch`` drops the
+    private IPs from ``run_instances``' answer, as EC2 may before it assigns them.
     """
 
     def __init__(
@@ -52,6 +53,7 @@ class RecordingClient:
         self.terminations: list[list[str]] = []
         self.tag_calls: list[dict[str, Any]] = []
         self.not_yet_visible = 0  # the next create_tags calls that find no instance yet
+        self.no_address_at_launch = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -62,7 +64,11 @@ class RecordingClient:
         if az in self.no_capacity:
             error = {"Code": self.error_code, "Message": f"We currently do not have sufficient capacity in {az}."}
             raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 500}}, "RunInstances")
-        return self._client.run_instances(**params)
+        response = self._client.run_instances(**params)
+        if self.no_address_at_launch:
+            for instance in response["Instances"]:
+                instance.pop("PrivateIpAddress", None)
+        return response
 
     def terminate_instances(self, **params: Any) -> dict[str, Any]:
         self.terminations.append(list(params["InstanceIds"]))
@@ -252,15 +258,48 @@ def test_rendezvous_tags_rank_the_instances_oldest_first_with_its_address_as_mas
     assert len({t["spotsched:generation"] for t in tags}) == 1 and tags[0]["spotsched:generation"] != "1"
 
 
-def test_an_instance_not_yet_visible_to_create_tags_delays_the_rendezvous_and_fails_nothing(client, ec2, job):
-    backend = make_backend(client)
-    client.not_yet_visible = 1
+def published(ec2: Any, job: TrainingJob) -> list[dict[str, str]]:
+    """The tags of the job's live instances, oldest first, once each carries the full rendezvous."""
+    instances = sorted(live(ec2, job).values(), key=lambda i: (i["LaunchTime"], i["InstanceId"]))
+    tags = [i["TagMap"] for i in instances]
+    assert [t.get("spotsched:rank") for t in tags] == [str(r) for r in range(len(tags))]
+    assert {t.get("spotsched:world-size") for t in tags} == {str(len(tags))}
+    assert {t.get("spotsched:master-addr") for t in tags} == {instances[0]["PrivateIpAddress"]}
+    assert {t.get("spotsched:master-port") for t in tags} == {"29500"}
+    assert len({t["spotsched:generation"] for t in tags}) == 1 and tags[0]["spotsched:generation"] != "1"
+    return tags
+
+
+def test_an_instance_briefly_invisible_to_create_tags_gets_its_rendezvous_in_the_same_reconcile(client, ec2, job):
+    sleeps: list[float] = []
+    backend = make_backend(client, sleep=sleeps.append)
+    client.not_yet_visible = 2
+    backend.reconcile(job, Allocation((2, 0), 1))
+    published(ec2, job)  # not a slot later: the instances would wait for it, billed
+    assert sleeps == [1.0, 2.0] and len(client.tag_calls) == 3 + 2
+    assert client.terminations == []
+
+
+def test_instances_launched_without_an_address_get_their_rendezvous_in_the_same_reconcile(client, ec2, job):
+    sleeps: list[float] = []
+    backend = make_backend(client, sleep=sleeps.append)
+    client.no_address_at_launch = True
+    backend.reconcile(job, Allocation((2, 0), 1))
+    published(ec2, job)  # the addresses come from describe_instances
+    assert sleeps == []
+
+
+def test_an_instance_invisible_past_the_retries_delays_the_rendezvous_and_fails_nothing(client, ec2, job):
+    sleeps: list[float] = []
+    backend = make_backend(client, sleep=sleeps.append)
+    client.not_yet_visible = len(RENDEZVOUS_PAUSES_S) + 1
     status = backend.reconcile(job, Allocation((2, 0), 1))  # no error: the job is not released
     assert len(live(ec2, job)) == 3 and client.terminations == [] and status.active(job.pools) == Allocation((2, 0), 1)
+    assert sleeps == list(RENDEZVOUS_PAUSES_S) and 25 <= sum(sleeps) <= 40  # about half a minute, then deferred
+    assert not any("spotsched:rank" in i["TagMap"] for i in live(ec2, job).values())
     backend.reconcile(job, Allocation((2, 0), 1))  # the next slot's reconcile publishes it
-    tags = [i["TagMap"] for i in sorted(live(ec2, job).values(), key=lambda i: (i["LaunchTime"], i["InstanceId"]))]
-    assert [t["spotsched:rank"] for t in tags] == ["0", "1", "2"] and len({t["spotsched:generation"] for t in tags}) == 1
-    assert len(client.launches) == 3
+    published(ec2, job)
+    assert len(client.launches) == 3 and len(sleeps) == len(RENDEZVOUS_PAUSES_S)
 
 
 def test_the_same_reconcile_twice_launches_and_ends_nothing(client, ec2, job):

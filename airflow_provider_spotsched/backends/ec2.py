@@ -16,7 +16,10 @@ tags ``spotsched:generation``, ``spotsched:rank``, ``spotsched:world-size``,
 are launched with ``InstanceMetadataTags=enabled``). ``reconcile`` writes them with
 ``create_tags`` once every live instance has a private address: ranks by launch time, the oldest
 instance is rank 0 and its private IP the master address. A new generation restarts training on
-every instance from the latest checkpoint.
+every instance from the latest checkpoint. EC2 is eventually consistent: an instance launched a
+moment ago may lack its address or be unknown to ``create_tags`` for a few seconds, so the
+reconcile tries again within about half a minute (:data:`RENDEZVOUS_PAUSES_S`) before it leaves the
+rendezvous to the next one (a slot later, while the instances wait for it, billed).
 
 Quota: :meth:`Ec2Backend.instance_limit` divides the account's Service Quotas vCPU limit for
 running on-demand instances of the type's family (standard, P, G and VT) by the type's vCPUs
@@ -36,7 +39,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -78,6 +82,10 @@ SELF_SHUTDOWN_REASON = "Client.InstanceInitiatedShutdown"
 _GONE = ("shutting-down", "terminated")
 _TOKEN_WINDOW_SECONDS = 600
 _TERMINATE_BATCH = 1000  # terminate_instances takes at most 1000 ids per call
+
+RENDEZVOUS_PAUSES_S = (1.0, 2.0, 4.0, 8.0, 15.0)
+"""Pauses between tries to publish a rendezvous that EC2 does not show yet (30 s in all): its
+eventual-consistency delays are seconds, and the next reconcile is a slot away."""
 
 ON_DEMAND_QUOTAS = {"standard": "L-1216C47A", "p": "L-417A185B", "g": "L-DB2E81BA", "vt": "L-DB2E81BA"}
 """Service Quotas codes of "Running On-Demand <family> instances" (vCPUs), by instance family."""
@@ -150,7 +158,8 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
     ``iam_instance_profile`` (a name or an ARN) gives instances their checkpoint-store access and
     the ``ec2:CreateTags`` right on themselves to report a result; no credential ever goes in the
     user data. ``quotas_client`` (a boto3 ``service-quotas`` client) lets :meth:`instance_limit`
-    read the account's on-demand quota.
+    read the account's on-demand quota. ``sleep`` waits between rendezvous tries (tests pass a
+    recorder).
     """
 
     name = "ec2"
@@ -171,6 +180,7 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         poll_seconds: int = 10,
         recorder: LaunchRecorder | None = None,
         quotas_client: Any | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         for name, value in (("instance_type", instance_type), ("image_id", image_id)):
             if not isinstance(value, str) or not value:
@@ -189,6 +199,7 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         self.iam_instance_profile = iam_instance_profile
         self.master_port = master_port
         self.quotas_client = quotas_client
+        self.sleep = sleep
 
     # -- ComputeBackend -------------------------------------------------------------------------
 
@@ -227,8 +238,12 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
             )
 
     def _list(self, job: TrainingJob) -> list[_Instance]:
+        return self._describe({f"tag:{TAG_JOB}": [job.job_id]})
+
+    def _describe(self, filters: Mapping[str, list[str]]) -> list[_Instance]:
+        """Every instance that ``describe_instances`` shows for ``filters`` (name: values), all pages."""
         paginator = self.client.get_paginator("describe_instances")
-        pages = paginator.paginate(Filters=[{"Name": f"tag:{TAG_JOB}", "Values": [job.job_id]}])
+        pages = paginator.paginate(Filters=[{"Name": name, "Values": values} for name, values in filters.items()])
         return [
             _Instance.from_api(data)
             for page in pages
@@ -364,10 +379,27 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         )
         if in_place:
             return
-        if any(not i.private_ip for i in ordered):
-            log.info("rendezvous waits for private addresses; the next reconcile publishes it")
-            return
         generation = str(1 + max(i.generation for i in known))
+        for pause in (*RENDEZVOUS_PAUSES_S, None):
+            waiting = self._publish(ordered, generation)
+            if not waiting:
+                log.info("rendezvous generation %s: %d worker(s), master %s", generation, len(ordered),
+                         ordered[0].private_ip)
+                return
+            if pause is None:
+                log.info("rendezvous waits for %s; the next reconcile publishes it", waiting)
+                return
+            log.info("rendezvous waits for %s; trying again in %g s", waiting, pause)
+            self.sleep(pause)
+
+    def _publish(self, ordered: list[_Instance], generation: str) -> str:
+        """Tag every instance of ``ordered`` with its rank in ``generation``; what EC2 does not show
+        yet ("" once all is written). A try after a partial one writes only what is missing."""
+        missing = [i for i in ordered if not i.private_ip]
+        if missing:
+            self._refresh_addresses(missing)
+            if any(not i.private_ip for i in missing):
+                return "private addresses"
         for rank, instance in enumerate(ordered):
             tags = {
                 TAG_GENERATION: generation,
@@ -376,20 +408,27 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
                 TAG_MASTER_ADDR: ordered[0].private_ip or "",
                 TAG_MASTER_PORT: str(self.master_port),
             }
+            if tags.items() <= instance.tags.items():
+                continue  # written by an earlier try
             try:
                 self.client.create_tags(
                     Resources=[instance.instance_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
                 )
             except ClientError as error:
-                # EC2 is eventually consistent: an instance launched a moment ago may not be known yet
-                # to other calls. The tags are then half published; the next reconcile publishes anew.
+                # An instance launched a moment ago may not be known yet to other calls.
                 if error.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
                     raise
-                log.info("rendezvous waits for %s to be visible to EC2; the next reconcile publishes it",
-                         instance.instance_id)
-                return
+                return f"{instance.instance_id} to be visible to EC2"
             instance.tags.update(tags)
-        log.info("rendezvous generation %s: %d worker(s), master %s", generation, len(ordered), ordered[0].private_ip)
+        return ""
+
+    def _refresh_addresses(self, instances: list[_Instance]) -> None:
+        """Read the private IPs EC2 shows now; a filter, unlike ``InstanceIds``, skips an unknown id
+        instead of failing the call."""
+        by_id = {i.instance_id: i for i in instances}
+        for seen in self._describe({"instance-id": list(by_id)}):
+            if seen.instance_id in by_id and seen.private_ip:
+                by_id[seen.instance_id].private_ip = seen.private_ip
 
 
 def _state(instance: _Instance) -> InstanceState:
