@@ -145,10 +145,10 @@ def samples() -> dict[str, dict[str, Any]]:
 
 
 def job_ids() -> list[str]:
-    """Job ids as the operator makes them (``job_id_for``): they embed the DAG id."""
+    """Job ids as the operator makes them (``job_id_for``, a fixed nonce: the same on every call): they embed the DAG id."""
     from airflow_provider_spotsched.operators.fine_tune import job_id_for
 
-    return [job_id_for(dag_id, "fine_tune", f"manual__{day}T00:00:00+00:00") for dag_id, days in DATES.items()
+    return [job_id_for(dag_id, "fine_tune", f"manual__{day}T00:00:00+00:00", nonce="0") for dag_id, days in DATES.items()
             for day in days]
 
 

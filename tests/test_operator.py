@@ -131,6 +131,7 @@ def test_a_retry_re_attaches_to_the_running_job_without_launching_again(tmp_path
     retry = TaskContext(store, try_number=2)
     op = operator(tmp_path)
     deferred = start(op, retry)
+    assert store.get(STATE_KEY)["job"] == job.to_dict()  # the stored job id, not a new one
     after = backend(tmp_path).status(job)
     assert [i.instance_id for i in after.instances] == [i.instance_id for i in running.instances]
     # a fresh restart would decide slot 0 again, on the samples trained since (work_done > 0)
@@ -458,11 +459,24 @@ def test_a_wait_shorter_than_min_deferral_seconds_is_waited_in_the_worker(tmp_pa
     assert nothing_left(tmp_path, job.job_id)
 
 
-def test_job_id_is_stable_and_a_valid_cloud_label():
-    job_id = job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-01T00:00:00+00:00")
-    assert job_id == job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-01T00:00:00+00:00")
-    assert job_id != job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-02T00:00:00+00:00")
-    assert len(job_id) <= 63 and all(c.islower() or c.isdigit() or c == "-" for c in job_id)
+def test_a_job_id_names_its_dag_and_task_and_is_a_valid_cloud_label():
+    job_id = job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-01T00:00:00+00:00", nonce="1")
+    assert job_id.startswith("my-dag-fine-tune-step-")
+    assert job_id != job_id_for("My DAG", "Fine_Tune.step", "manual__2026-01-01T00:00:00+00:00", nonce="2")
+    longest = job_id_for("d" * 250, "t" * 250, "manual__2026-01-01T00:00:00+00:00", 7, nonce="1")
+    for valid in (job_id, longest):  # kept as they are as a GCE label (<= 63 characters, [a-z0-9-])
+        assert len(valid) <= 63 and all(c.islower() or c.isdigit() or c == "-" for c in valid)
+
+
+def test_two_fresh_starts_of_one_task_instance_are_two_jobs_with_their_own_checkpoints(tmp_path, monkeypatch):
+    """Two deployments on one cloud account run the same DAG with the same run ids (as do a re-created
+    DAG and a reset metadata database): neither may take the other's instances or checkpoint as its own."""
+    monkeypatch.setattr(DeadlineSpotFineTuneOperator, "_drive", lambda self, context, spec, driver, reattach: driver.training)
+    staging, production = (operator(tmp_path, checkpoint_uri=None).execute(TaskContext(TaskStateStore())) for _ in range(2))
+    assert staging.job_id != production.job_id
+    assert staging.job_id.startswith("tests-fine-tune-") and production.job_id.startswith("tests-fine-tune-")
+    assert staging.checkpoint_uri == str(tmp_path / "local" / "checkpoints" / staging.job_id)  # the default location
+    assert staging.checkpoint_uri != production.checkpoint_uri
 
 
 def test_without_a_triggerer_the_operator_runs_the_job_in_the_worker(tmp_path):

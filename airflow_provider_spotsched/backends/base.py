@@ -83,9 +83,10 @@ def check_target(job: TrainingJob, target: Allocation) -> None:
 class TrainingJob:
     """What every instance of one job runs, and the id that ties the instances to the job.
 
-    ``job_id`` must be stable across retries of the same job (the operator derives it from the
-    DAG, task and run ids); ``command`` is the training entry point with its arguments;
-    ``checkpoint_uri`` is where the runtime saves and resumes (local path, s3:// or gs://).
+    ``job_id`` must be stable across retries of the same job and unique to it within the cloud
+    account (the operator draws it when the run starts and stores it with the run); ``command``
+    is the training entry point with its arguments; ``checkpoint_uri`` is where the runtime saves
+    and resumes (local path, s3:// or gs://).
     ``pools`` names the spot pools in the order of :attr:`Allocation.spot`.
     """
 

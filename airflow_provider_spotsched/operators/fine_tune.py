@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -155,11 +156,23 @@ def _names(value: Sequence[str] | str, field: str) -> tuple[str, ...]:
         raise JobError(str(exc)) from None
 
 
-def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
-    """Stable across retries of one task instance, and a valid tag or label on every cloud."""
-    digest = hashlib.sha256(f"{dag_id}|{task_id}|{run_id}|{map_index}".encode()).hexdigest()[:12]
+def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *, nonce: str) -> str:
+    """A job id naming its DAG and task, a valid tag or label on every cloud.
+
+    The task instance's ids alone repeat: two deployments on one cloud account run the same DAG
+    with the same run ids, and a re-created DAG or a reset metadata database reuses them. So the
+    operator mixes in a fresh ``nonce`` at each start of a run (:func:`new_job_id`), and every
+    retry reads the id back from the stored run instead of deriving it again.
+    """
+    digest = hashlib.sha256(f"{dag_id}|{task_id}|{run_id}|{map_index}|{nonce}".encode()).hexdigest()[:12]
     readable = re.sub(r"[^a-z0-9-]+", "-", f"{dag_id}-{task_id}".lower()).strip("-")[:40].rstrip("-")
     return f"{readable}-{digest}" if readable else digest
+
+
+def new_job_id(ti: Any) -> str:
+    """The id of a new run of task instance ``ti``: unique to this start (see :func:`job_id_for`)."""
+    map_index = ti.map_index if ti.map_index is not None else -1
+    return job_id_for(ti.dag_id, ti.task_id, ti.run_id, map_index, nonce=secrets.token_hex(8))
 
 
 class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
@@ -452,8 +465,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
 
     def _start(self, context: Context, spec: BackendSpec, env: SpotEnvironment) -> RunDriver:
         """Every check before anything launches: job, pools, policy, budget, training command."""
-        ti = context["ti"]
-        job_id = job_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index if ti.map_index is not None else -1)
+        job_id = new_job_id(context["ti"])  # stored with the run before anything launches: every retry reads it back
         now = datetime.now(timezone.utc)
         seconds_per_slot = env.seconds_per_slot or self.slot_hours * 3600.0
         job = self._job(now, seconds_per_slot)

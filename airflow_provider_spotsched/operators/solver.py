@@ -28,7 +28,7 @@ from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp
-from airflow_provider_spotsched.operators.fine_tune import job_id_for, max_instances_limit, rendered_object
+from airflow_provider_spotsched.operators.fine_tune import max_instances_limit, new_job_id, rendered_object
 from airflow_provider_spotsched.operators.forecast import forecast_instant
 from airflow_provider_spotsched.scheduling.model import Job, JobError, as_number, check_field, shown
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
@@ -56,7 +56,8 @@ class SpotAllocationSolverOperator(BaseOperator):
     :param policy: a registered policy (default ``"chc"``).
     :param policy_params: the policy's parameters.
     :param slot_hours: slot length in hours, to start a run.
-    :param job_id: the run's id (default: derived from the DAG, task and run ids).
+    :param job_id: the run's id (default: the DAG and task ids with a hash unique to this start; a
+        continued run keeps the id in its ``run_state``).
     :param history_hours: hours of market history to read before ``at``.
     """
 
@@ -116,9 +117,8 @@ class SpotAllocationSolverOperator(BaseOperator):
         if not fields or not self.pools:
             raise JobError("give job (the spec's job fields) and pools to start a run, or run_state to continue one")
         job = Job.from_dict({**fields, "slot_hours": fields.get("slot_hours", self.slot_hours)})
-        ti = context["ti"]
         config = RunConfig(
-            job_id=self.job_id or job_id_for(ti.dag_id, ti.task_id, ti.run_id, ti.map_index if ti.map_index is not None else -1),
+            job_id=self.job_id or new_job_id(context["ti"]),
             job=job,
             pools=pool_names(self.pools),
             policy=self.policy,

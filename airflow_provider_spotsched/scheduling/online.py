@@ -63,7 +63,7 @@ class BudgetError(JobError):
 class RunConfig:
     """What a real run is: the job, its pools, the policy, a budget cap and the clock.
 
-    :param job_id: stable across retries of the same run (it tags every instance).
+    :param job_id: stable across retries of the same run, unique to it (it tags every instance).
     :param pools: the spot pools, each once (:func:`~airflow_provider_spotsched.market.slots.pool_names`).
     :param policy: a registered policy name; ``"selector"`` learns across runs.
     :param forecaster: the model whose forecast is logged each slot (the policy uses its own).
