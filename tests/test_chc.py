@@ -129,6 +129,15 @@ def test_the_forecasters_daily_season_is_a_day_of_the_jobs_slots():
     assert policy.forecaster is given
 
 
+def test_the_forecasters_refits_and_choices_are_a_day_and_a_week_of_the_jobs_slots():
+    policy = CHCPolicy(forecaster="auto")
+    policy.reset(make_job(slot_hours=0.25))
+    params = policy.forecaster.params()
+    assert (params["refit_every"], params["reselect_every"], params["origins"]) == (96, 672, 576)
+    policy.reset(make_job())
+    assert policy.forecaster.params() == CHCPolicy(forecaster="auto").forecaster.params()  # hourly: as before
+
+
 def test_params_and_label():
     policy = CHCPolicy(window=12, commit=2, forecaster="oracle", error=0.1, seed=3, terminal_price=1.5)
     assert policy.params() == {

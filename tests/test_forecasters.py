@@ -8,10 +8,11 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
+from airflow_provider_spotsched.forecast import FORECASTERS, LIVE_FORECASTERS, make_forecaster, markov_count
 from airflow_provider_spotsched.forecast.oracle import OracleForecaster
 from airflow_provider_spotsched.forecast.persistence import PersistenceForecaster
 from airflow_provider_spotsched.forecast.seasonal_naive import SeasonalNaiveForecaster
+from airflow_provider_spotsched.forecast.series import SeriesState, fit_persistence
 from tests.markets import make_market
 
 # 10 slots, 2 pools: prices 1.0, 1.1, ... in pool 0 and 10x that in pool 1; counts t % 4 and 3 - t % 4
@@ -37,8 +38,65 @@ def test_a_daily_season_is_a_day_of_the_markets_slots(name, slot_hours, season):
 
 
 def test_a_forecaster_without_a_season_ignores_the_slot_hours():
-    assert make_forecaster("markov-count", slot_hours=0.5).params() == make_forecaster("markov-count").params()
+    markov = make_forecaster("markov-count", slot_hours=0.5).params()
+    assert {**markov, "refit_every": 24} == make_forecaster("markov-count").params()  # only its refit is a day
     assert isinstance(make_forecaster("persistence", slot_hours=0.5), PersistenceForecaster)
+
+
+@pytest.mark.parametrize("name", LIVE_FORECASTERS)
+def test_hourly_slots_keep_every_default(name):
+    """The defaults count hourly slots: on hourly slots every figure stays what it was."""
+    assert make_forecaster(name, slot_hours=1.0).params() == make_forecaster(name).params()
+
+
+@pytest.mark.parametrize(
+    ("slot_hours", "refit", "reselect", "origins", "horizon", "training"),
+    [(1.0, 24, 168, 144, 24, 48), (0.25, 96, 672, 576, 96, 192), (2.0, 12, 84, 72, 12, 24), (48.0, 1, 4, 3, 1, 1)],
+)
+def test_refits_reselections_and_autos_backtest_are_durations_in_the_markets_slots(
+    slot_hours, refit, reselect, origins, horizon, training
+):
+    """A refit once a day, a choice once a week, six days of backtest origins, a day ahead and two
+    days of training: on 15-minute slots 24 and 168 slots would be 6 and 42 hours."""
+    for name in ("arima", "holt-winters", "markov-count", "sojourn-chain", "auto"):
+        assert make_forecaster(name, slot_hours=slot_hours).params()["refit_every"] == refit
+    params = make_forecaster("auto", slot_hours=slot_hours).params()
+    assert (params["reselect_every"], params["origins"], params["backtest_horizon"], params["min_training"]) == (
+        reselect, origins, horizon, training
+    )
+    given = {"refit_every": 5, "reselect_every": 7, "origins": 11, "backtest_horizon": 13, "min_training": 17}
+    assert {k: v for k, v in make_forecaster("auto", given, slot_hours=slot_hours).params().items() if k in given} == given
+
+
+def test_autos_backtest_on_15_minute_slots_spans_the_documented_days():
+    """Six days of scored origins, each after two days of history, and a new choice after a week."""
+    forecaster = make_forecaster("auto", slot_hours=0.25)
+    n = 10 * 96  # ten days of history
+    origins = forecaster.backtest_origins(n)
+    scored = forecaster.bucket_rows(origins, n, forecaster.backtest_horizon)
+    assert scored.size * 0.25 == 6 * 24.0 and forecaster.backtest_horizon * 0.25 == 24.0
+    assert min(forecaster.backtest_origins(3 * 96)) == 2 * 96  # two days of training before the first
+    state = SeriesState(np.zeros(n), fit_persistence(np.zeros(n)), n, [], n)
+    assert not forecaster.needs_ranking(state, n + 7 * 96 - 1) and forecaster.needs_ranking(state, n + 7 * 96)
+
+
+def test_a_statistical_model_on_15_minute_slots_is_refitted_once_a_day(monkeypatch):
+    """Updated between refits: 24 slots (6 hours) on, the chain is updated, a day on refitted."""
+    fits = []
+    original = markov_count.MarkovCount
+
+    def counted(history, smoothing, *rest):
+        if not rest:  # a fit, not an update from the moves counted before
+            fits.append(history.size)
+        return original(history, smoothing, *rest)
+
+    monkeypatch.setattr(markov_count, "MarkovCount", counted)
+    slots = 3 * 96
+    market = make_market(np.ones((slots, 1)), (np.arange(slots) % 7 < 3)[:, None].astype(int), slot_hours=0.25)
+    forecaster = make_forecaster("markov-count", slot_hours=0.25)
+    for seen in (100, 124, 195, 196):
+        forecaster.forecast(market.prefix(seen), 4)
+    assert fits == [100, 196]
 
 
 @pytest.mark.parametrize("forecaster", [PersistenceForecaster(), SeasonalNaiveForecaster(3), OracleForecaster(0.3)])

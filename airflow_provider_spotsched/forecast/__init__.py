@@ -22,22 +22,34 @@ LIVE_FORECASTERS: tuple[str, ...] = tuple(name for name in FORECASTERS if name !
 """The forecasters that read only the past, so can forecast a live market (the oracle reads the future)."""
 
 
-def daily_season_slots(slot_hours: float) -> int:
-    """Slots in a day of ``slot_hours``-hour slots (at least 1): the season of the daily models."""
-    return max(1, round(24.0 / slot_hours))
+DURATION_DEFAULTS_HOURS: dict[str, float] = {
+    "season_slots": 24.0,  # a daily season
+    "refit_every": 24.0,  # the statistical models are refitted once a day
+    "reselect_every": 168.0,  # auto chooses its models again once a week
+    "origins": 144.0,  # auto scores each lead on six days of backtest origins, one a slot
+    "backtest_horizon": 24.0,  # auto's backtest forecasts a day ahead
+    "min_training": 48.0,  # auto's first backtest origin has two days of history
+}
+"""The forecasters' parameters counted in slots whose defaults stand for a duration, in hours. The
+classes' defaults are these counts of hourly slots; :func:`make_forecaster` converts them to the
+market's slots."""
 
 
 def make_forecaster(name: str, params: Mapping[str, Any] | None = None, slot_hours: float | None = None) -> Forecaster:
     """Build forecaster ``name`` with ``params``, naming any parameter it does not take.
 
-    Given the market's ``slot_hours``, a model with a daily season gets ``season_slots`` = a day of
-    those slots unless ``params`` sets it: its default, 24, is a day of hourly slots only, and on
-    half-hour slots it would repeat the slot half a day back, the opposite phase.
+    Given the market's ``slot_hours``, every parameter of :data:`DURATION_DEFAULTS_HOURS` that the
+    model takes and ``params`` does not set is that duration in those slots: the defaults count
+    hourly slots, so on half-hour slots a daily season of 24 slots would repeat the slot half a day
+    back (the opposite phase), and a refit "once a day" would come every 12 hours. Hourly slots get
+    the defaults unchanged. A duration becomes the nearest whole number of slots, at least 1.
     """
     params = dict(params or {})
-    if slot_hours is not None and "season_slots" in parameters("forecaster", FORECASTERS, name):
-        params.setdefault("season_slots", daily_season_slots(slot_hours))
+    if slot_hours is not None:
+        for parameter in parameters("forecaster", FORECASTERS, name):
+            if parameter in DURATION_DEFAULTS_HOURS:
+                params.setdefault(parameter, max(1, round(DURATION_DEFAULTS_HOURS[parameter] / slot_hours)))
     return build("forecaster", FORECASTERS, name, params)
 
 
-__all__ = ["FORECASTERS", "LIVE_FORECASTERS", "Forecast", "Forecaster", "daily_season_slots", "make_forecaster"]
+__all__ = ["DURATION_DEFAULTS_HOURS", "FORECASTERS", "LIVE_FORECASTERS", "Forecast", "Forecaster", "make_forecaster"]

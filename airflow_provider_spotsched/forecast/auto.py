@@ -11,9 +11,10 @@ backtested on the history the forecaster was given, nothing later:
   (clipped to [0, the largest count seen]);
 * forecast origins at every ``origin_step`` slots (default every slot) of the recent past, each
   candidate fitted once on the history before the first and updated (parameters kept) to each
-  later one, as it would be between refits, forecasting ``backtest_horizon`` slots;
+  later one, as it would be between refits, forecasting ``backtest_horizon`` slots (a day), the
+  first origin with ``min_training`` slots (two days) of history;
 * lead-time buckets (``bucket_ends``, default each lead 1..6 on its own, then 7-12 and 13 on):
-  a bucket is scored on the last ``origins`` origins (default 144, six days of hourly slots)
+  a bucket is scored on the last ``origins`` origins (default six days of them: 144 hourly slots)
   whose forecasts for all its leads have been realised, so an hour ahead is judged on the last
   hour too. The score is each candidate's absolute error averaged over the bucket's leads, per
   origin;
@@ -38,12 +39,16 @@ of six days and a test that asks how likely the gain is by chance keep persisten
 evidence is real.
 
 The ranking (the stitch or single winner first, then the candidates by their score over all
-leads) is kept for ``reselect_every`` slots; the chosen models are refitted on the whole history
-every ``refit_every`` slots and updated in between, so the hourly call costs one state update per
-series and model. A candidate whose fit raises, does not converge or forecasts non-finite values
+leads) is kept for ``reselect_every`` slots (a week); the chosen models are refitted on the whole
+history every ``refit_every`` slots (a day) and updated in between, so the hourly call costs one
+state update per series and model. A candidate whose fit raises, does not converge or forecasts non-finite values
 scores worst in the backtest, and the next in the ranking replaces the choice when it fails
 later, each with a logged warning (:class:`~.series.SeriesForecaster`). ``Forecast.models``
 names the choice per pool as ``price-model+availability-model``.
+
+The defaults of these durations (and ``season_slots``, a day) count hourly slots; built for a
+market's slots (``make_forecaster(..., slot_hours=...)``) they are the same durations in those
+slots: on 15-minute slots a refit every 96 slots, not every 24 (6 hours).
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ from airflow_provider_spotsched.forecast.series import (
 
 logger = logging.getLogger(__name__)
 
-MIN_TRAINING = 48  # slots a candidate is fitted on before the first backtest origin
+MIN_TRAINING = 48  # slots a candidate is fitted on before the first backtest origin: two days of hourly slots
 MIN_SCORED = 12  # origins a bucket needs before any model may displace persistence in it
 
 # A backtest is a pure function of the candidates' settings and the series, and the same one
@@ -99,6 +104,7 @@ class AutoForecaster(SeriesForecaster):
         bucket_ends: Sequence[int] = (1, 2, 3, 4, 5, 6, 12),
         origin_step: int = 1,
         significance: float = 0.05,
+        min_training: int = MIN_TRAINING,
     ) -> None:
         super().__init__(refit_every)
         self.season_slots = check_int("season_slots", season_slots, 1, "slots per season")
@@ -106,6 +112,7 @@ class AutoForecaster(SeriesForecaster):
         self.origins = check_int("origins", origins, 1, "backtest forecast origins per lead-time bucket")
         self.backtest_horizon = check_int("backtest_horizon", backtest_horizon, 1, "slots per backtest forecast")
         self.origin_step = check_int("origin_step", origin_step, 1, "slots between backtest origins")
+        self.min_training = check_int("min_training", min_training, 1, "slots of history before the first backtest origin")
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise ValueError(
                 f"margin must be a number in [0, 1) (share of persistence's error to beat), got {margin!r}"
@@ -140,6 +147,7 @@ class AutoForecaster(SeriesForecaster):
             "bucket_ends": list(self.bucket_ends),
             "origin_step": self.origin_step,
             "significance": self.significance,
+            "min_training": self.min_training,
         }
 
     def candidates(self, kind: str) -> Sequence[Candidate]:
@@ -156,9 +164,9 @@ class AutoForecaster(SeriesForecaster):
     def backtest_origins(self, n: int) -> list[int]:
         """Forecast origins (slots seen at each) for a history of ``n`` slots, oldest first: every
         ``origin_step`` slots back from the last slot, enough for ``origins`` fully realised
-        forecasts at the longest lead, and at least ``MIN_TRAINING`` slots each."""
+        forecasts at the longest lead, and at least ``min_training`` slots each."""
         count = self.origins + -(-(self.backtest_horizon - 1) // self.origin_step)
-        return [o for o in (n - 1 - self.origin_step * j for j in reversed(range(count))) if o >= MIN_TRAINING]
+        return [o for o in (n - 1 - self.origin_step * j for j in reversed(range(count))) if o >= self.min_training]
 
     def buckets(self) -> list[tuple[int, int]]:
         """Lead-time buckets as 0-based ``[start, stop)`` slices of the backtest's leads."""

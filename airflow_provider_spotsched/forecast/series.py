@@ -406,7 +406,8 @@ class SeriesForecaster(Forecaster):
 
     Subclasses name the candidate fits per series kind (:meth:`candidates`); the default ranking is
     their order. The first that fits and forecasts finite values is used; it is refitted every
-    ``refit_every`` slots and updated in between.
+    ``refit_every`` slots (default a day of hourly slots: ``make_forecaster`` gives a day of the
+    market's) and updated in between.
     """
 
     def __init__(self, refit_every: int = 24) -> None:
