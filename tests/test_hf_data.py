@@ -285,6 +285,19 @@ def test_the_eval_loss_reaches_progress_json_a_rerun_stays_done_and_a_missing_da
     assert "missing.jsonl' does not exist" in capsys.readouterr().err
 
 
+def test_a_step_batch_larger_than_the_training_set_exits_2_naming_batch_size_before_training(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "five.jsonl", [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(5)])
+    config = tmp_path / "config.json"  # 3 records left after the hold-out, 4 samples a step
+    config.write_text(json.dumps({**TINY_HF_JOB, "dataset": str(data), "eval_fraction": 0.4, "batch_size": 2,
+                                  "gradient_accumulation_steps": 2}))
+    code, events = run_inline(config, tmp_path / "ckpt")
+    assert code == EXIT_USAGE and not [e for e in events if e["event"] in ("log", "checkpoint")]
+    assert (f"dataset {str(data)!r} has 3 training records left after eval_fraction, fewer than one step's batch of 4 "
+            "(batch_size=2 x gradient_accumulation_steps=2): make batch_size x gradient_accumulation_steps at most 3"
+            ) in capsys.readouterr().err
+    assert not (tmp_path / "ckpt" / "checkpoints").exists()
+
+
 def test_a_run_that_ended_between_its_last_checkpoint_and_the_export_exports_it_and_trains_no_more(tmp_path):
     config, uri = tmp_path / "config.json", tmp_path / "ckpt"
     config.write_text(json.dumps(TINY_HF_JOB))
