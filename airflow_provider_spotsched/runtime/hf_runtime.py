@@ -223,5 +223,6 @@ def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
 def run(config: TrainConfig, checkpoint_uri: str, stop: StopFlag, notice: NoticeSource | None,
         notice_poll_s: float) -> int:
     """Train the job to the end (0) or to a stop (75); raises on failure."""
-    spot = SpotCallback(checkpoint_uri, config.checkpoint, notice, notice_poll_s, stop=stop, guard=config.guard)
+    spot = SpotCallback(checkpoint_uri, config.checkpoint, notice, notice_poll_s, stop=stop, guard=config.guard,
+                        data_shape=config.data_shape())
     return spot.train(build_trainer(config, str(spot.output_dir), stop))
