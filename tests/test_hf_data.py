@@ -285,6 +285,19 @@ def test_the_eval_loss_reaches_progress_json_a_rerun_stays_done_and_a_missing_da
     assert "missing.jsonl' does not exist" in capsys.readouterr().err
 
 
+def test_a_step_batch_larger_than_the_training_set_exits_2_naming_batch_size_before_training(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "five.jsonl", [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(5)])
+    config = tmp_path / "config.json"  # 3 records left after the hold-out, 4 samples a step
+    config.write_text(json.dumps({**TINY_HF_JOB, "dataset": str(data), "eval_fraction": 0.4, "batch_size": 2,
+                                  "gradient_accumulation_steps": 2}))
+    code, events = run_inline(config, tmp_path / "ckpt")
+    assert code == EXIT_USAGE and not [e for e in events if e["event"] in ("log", "checkpoint")]
+    assert (f"dataset {str(data)!r} has 3 training records left after eval_fraction, fewer than one step's batch of 4 "
+            "(batch_size=2 x gradient_accumulation_steps=2): make batch_size x gradient_accumulation_steps at most 3"
+            ) in capsys.readouterr().err
+    assert not (tmp_path / "ckpt" / "checkpoints").exists()
+
+
 def test_a_run_that_ended_between_its_last_checkpoint_and_the_export_exports_it_and_trains_no_more(tmp_path):
     config, uri = tmp_path / "config.json", tmp_path / "ckpt"
     config.write_text(json.dumps(TINY_HF_JOB))
@@ -304,6 +317,27 @@ def test_a_run_that_ended_between_its_last_checkpoint_and_the_export_exports_it_
     assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
     progress = read_progress(str(uri))
     assert progress.status == "done" and progress.step == 4 and progress.samples_done == 32
+
+
+def test_a_resume_under_another_seq_len_exits_2_and_keeps_the_checkpoint_for_the_original_one(tmp_path, capsys):
+    config, uri = tmp_path / "config.json", tmp_path / "ckpt"
+    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 16}))
+    assert run_inline(config, uri)[0] == EXIT_DONE
+    checkpoint = uri / "checkpoints" / "checkpoint-2"
+    stored = {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()}
+
+    # more samples: the job goes on from checkpoint-2, but with records cut at another length
+    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, "seq_len": 48}))
+    code, events = run_inline(config, uri)
+    assert code == EXIT_USAGE and not [e for e in events if e["event"] in ("log", "checkpoint")]
+    assert (f"checkpoint checkpoint-2 under {uri} was made with seq_len=32, and this config has seq_len=48: "
+            "its position (samples consumed) would continue over other samples. Restore seq_len=32 to resume it, "
+            "or give the job a new checkpoint URI") in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()} == stored
+
+    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32}))
+    code, events = run_inline(config, uri)
+    assert code == EXIT_DONE and events[0]["checkpoint"] == "checkpoint-2" and events[-1]["step"] == 4
 
 
 def test_a_notice_on_the_default_runtime_checkpoints_exits_75_and_the_restart_finishes(tmp_path):

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError, GuardSettings, TrainConfig
+from airflow_provider_spotsched.runtime.config import (
+    CheckpointSettings,
+    ConfigError,
+    GuardSettings,
+    TrainConfig,
+    check_resumable,
+)
 from airflow_provider_spotsched.runtime.data import SampleStream, dataset_path, rank_share
 from airflow_provider_spotsched.runtime.guard import DivergenceError, bad_loss_reason, check_rollback_allowed
 from airflow_provider_spotsched.runtime.interval import CheckpointInterval, young_daly_interval
@@ -63,6 +69,16 @@ def test_unknown_datasets_are_refused():
         dataset_path("builtin:wikipedia")
     with pytest.raises(ValueError, match="neither a builtin dataset nor an existing text file"):
         dataset_path("/nonexistent/corpus.txt")
+
+
+def test_a_resume_is_judged_on_every_data_shaping_field_the_checkpoint_recorded():
+    shape = TrainConfig.from_dict({"samples": 8, "eval_fraction": 0.1}).data_shape()
+    assert set(shape) == {"model", "dataset", "seq_len", "seed", "eval_fraction", "chat_template"}
+    check_resumable(shape, shape, "checkpoint-4")
+    check_resumable({"model": shape["model"]}, {**shape, "seq_len": 128}, "checkpoint-4")  # recorded before seq_len was
+    for name, other in [("dataset", "other.jsonl"), ("seed", 7), ("eval_fraction", 0.2), ("model", "gpt2")]:
+        with pytest.raises(ConfigError, match=f"checkpoint-4 was made with {name}=.*this config has {name}=.*Restore {name}="):
+            check_resumable(shape, {**shape, name: other}, "checkpoint-4")
 
 
 def test_rank_shares_cover_a_global_batch_exactly_once():

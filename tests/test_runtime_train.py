@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -221,3 +222,14 @@ def test_a_seq_len_beyond_the_models_context_exits_2_before_training(tmp_path, c
     code, events = run_inline(config, uri)
     assert code == 2 and not [e for e in events if e["event"] in ("step", "checkpoint")]
     assert "seq_len=300 exceeds the model's context of 256 positions" in capsys.readouterr().err
+
+
+def test_a_resume_under_another_seq_len_exits_2_and_keeps_the_checkpoint(uninterrupted, tmp_path, capsys):
+    uri = tmp_path / "ckpt"
+    shutil.copytree(uninterrupted[2], uri)
+    stored = {path: path.read_bytes() for path in (uri / "checkpoints").rglob("*") if path.is_file()}
+    code, events = run_inline(write_config(tmp_path, seq_len=16), uri)  # other chunks: a position names other samples
+    assert code == 2 and not [e for e in events if e["event"] in ("resumed", "step", "checkpoint")]
+    assert (f"the checkpoint of step 20 under {uri} was made with seq_len=32, and this config has seq_len=16: "
+            "its position (samples consumed) would continue over other samples. Restore seq_len=32") in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in (uri / "checkpoints").rglob("*") if path.is_file()} == stored

@@ -33,10 +33,28 @@ HF_ONLY: dict[str, object] = {"dtype": "fp32", "gradient_checkpointing": False, 
            "eval_dataset": None, "eval_fraction": None, "eval_every_steps": None, "chat_template": None,
            "storage_options": None, "quantization": None}
 LOOP_ONLY: dict[str, object] = {"global_batch_size": None, "micro_batch_size": None, "max_step_seconds": None}
+# What the sample stream is made of: which records or chunks a position (samples consumed) names, and their
+# tokens. A checkpoint records them, and a resume under other values is refused (check_resumable).
+DATA_SHAPE = ("model", "dataset", "seq_len", "seed", "eval_fraction", "chat_template")
 
 
 class ConfigError(ValueError):
     """CONFIG.json is invalid; the message names the field and how to fix it."""
+
+
+def check_resumable(saved: Mapping[str, Any], current: Mapping[str, Any], checkpoint: str) -> None:
+    """Refuse to resume ``checkpoint`` under :data:`DATA_SHAPE` values other than those it ``saved``.
+
+    Its position (samples consumed) would go on over other samples than it counted, silently: a job
+    that is neither config's. A field the checkpoint lacks (made before it was recorded) is not judged.
+    The checkpoint is left as it is, to be resumed with its own values.
+    """
+    for name, value in current.items():
+        if name in saved and saved[name] != value:
+            raise ConfigError(
+                f"{checkpoint} was made with {name}={saved[name]!r}, and this config has {name}={value!r}: its "
+                f"position (samples consumed) would continue over other samples. Restore {name}={saved[name]!r} "
+                "to resume it, or give the job a new checkpoint URI to start over (this checkpoint is kept)")
 
 
 def _number(raw: Mapping[str, Any], name: str, default: float | None, *, minimum: float | None = None,
@@ -311,6 +329,10 @@ class TrainConfig:
         )
         _reject_other_runtime(raw, runtime)  # after the values: a bad value is named as such first
         return config
+
+    def data_shape(self) -> dict[str, Any]:
+        """This config's :data:`DATA_SHAPE` fields, as a checkpoint records them."""
+        return {name: getattr(self, name) for name in DATA_SHAPE}
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:

@@ -48,7 +48,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer_utils import has_length
 
 from airflow_provider_spotsched.runtime.checkpoint import utc_now
-from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError, GuardSettings
+from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError, GuardSettings, check_resumable
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, Progress, read_progress, write_progress
 from airflow_provider_spotsched.runtime.guard import DivergenceError, bad_loss_reason, check_rollback_allowed
 from airflow_provider_spotsched.runtime.hf_checkpoints import (
@@ -86,10 +86,13 @@ class SpotCallback(TrainerCallback):
     def __init__(self, checkpoint_uri: str, checkpoint: CheckpointSettings | None = None,
                  notice: NoticeSource | None = None, notice_poll_s: float = DEFAULT_POLL_S,
                  emit: Callable[..., None] | None = None, stop: StopFlag | None = None,
-                 staging_dir: Path | None = None, guard: GuardSettings | None = None) -> None:
+                 staging_dir: Path | None = None, guard: GuardSettings | None = None,
+                 data_shape: Mapping[str, Any] | None = None) -> None:
         """``stop``: a flag the caller's own SIGTERM handler already sets (a stop during start-up counts);
         ``staging_dir``: the local disk for an object-store URI's checkpoints (default: ``$SPOTSCHED_STAGING_DIR``);
-        ``guard``: roll back to the newest checkpoint on a diverging loss (:mod:`.guard`); None: no guard."""
+        ``guard``: roll back to the newest checkpoint on a diverging loss (:mod:`.guard`); None: no guard;
+        ``data_shape``: what makes the sample stream (the runtime's :meth:`.TrainConfig.data_shape`), recorded
+        in every manifest: a resume from a checkpoint made with other values is refused (a ConfigError)."""
         if notice_poll_s <= 0:
             raise ValueError(f"notice_poll_s must be > 0, got {notice_poll_s!r}")
         self.mirror: CheckpointMirror | None = None
@@ -123,6 +126,7 @@ class SpotCallback(TrainerCallback):
         self.rollbacks = 0
         self.lr_scale = 1.0  # the learning rate's factor after rollbacks (lr_backoff per rollback)
         self._lr_factor_due = 1.0  # still to apply to the optimizer and scheduler loaded on resume
+        self.data_shape = dict(data_shape or {})
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, checkpoint_uri: str | None = None) -> SpotCallback:
@@ -187,6 +191,9 @@ class SpotCallback(TrainerCallback):
         step = checkpoint_step(chosen) if chosen else None
         self.checkpointed_step = step or 0
         saved = json.loads((chosen / MANIFEST).read_text()) if chosen else {}
+        if chosen is not None:
+            check_resumable(saved.get("data_shape", {}), self.data_shape,
+                            f"checkpoint {chosen.name} under {self.checkpoint_uri}")
         self.rollbacks = max(self.rollbacks, int(saved.get("rollbacks", 0)))
         saved_scale = float(saved.get("lr_scale", 1.0))  # what the checkpoint's scheduler state already has
         self.lr_scale = saved_scale if lr_scale is None else lr_scale
@@ -262,7 +269,8 @@ class SpotCallback(TrainerCallback):
         if args.should_save:
             directory = self.output_dir / f"checkpoint-{step}"
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
-                           world_size=args.world_size, kind=kind, rollbacks=self.rollbacks, lr_scale=self.lr_scale)
+                           world_size=args.world_size, kind=kind, rollbacks=self.rollbacks, lr_scale=self.lr_scale,
+                           data_shape=self.data_shape)
             prune(self.output_dir, self.keep, warn)
             if self.mirror is not None:  # inside the save's time, so the Young/Daly interval counts it
                 self.mirror.upload(directory)

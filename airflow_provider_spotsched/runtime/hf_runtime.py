@@ -91,6 +91,19 @@ def samples_per_step(config: TrainConfig) -> int:
     return config.batch_size * config.gradient_accumulation_steps
 
 
+def check_global_batch(train_records: int, config: TrainConfig) -> None:
+    """Refuse a step's batch larger than the training set before training: every epoch is cut to whole
+    global batches (:class:`.hf_sampler.GlobalOrderSampler`), so no step could be filled, and the
+    sampler's own refusal (exit 1, naming the Trainer's fields) would come once the model is built."""
+    per_step = samples_per_step(config)
+    if train_records < per_step:
+        held_out = " left after eval_fraction" if config.eval_fraction is not None else ""
+        raise ConfigError(f"dataset {config.dataset!r} has {train_records} training records{held_out}, fewer than one "
+                          f"step's batch of {per_step} (batch_size={config.batch_size} x gradient_accumulation_steps="
+                          f"{config.gradient_accumulation_steps}): make batch_size x gradient_accumulation_steps "
+                          f"at most {train_records}, or add records to the dataset")
+
+
 def training_arguments(config: TrainConfig, output_dir: str, has_eval: bool, world: int = 1) -> Any:
     """The ``SFTConfig`` of a job: every setting explicit, TRL's defaults (e.g. checkpointing on) not relied on."""
     from trl import SFTConfig
@@ -187,6 +200,7 @@ def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
     evaluation = load_records(config.eval_dataset, config.storage_options) if config.eval_dataset else None
     if config.eval_fraction is not None:
         records, evaluation = split_eval(records, config.eval_fraction, config.seed)
+    check_global_batch(len(records), config)  # a record is one sample: tokenising keeps every one
     kinds = {record_format(part.column_names, config.dataset) for part in (records, evaluation) if part is not None}
     if config.chat_template is not None or "messages" in kinds:
         ensure_chat_template(tokenizer, config.chat_template, config.model == BUILTIN_MODEL)
@@ -209,5 +223,6 @@ def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
 def run(config: TrainConfig, checkpoint_uri: str, stop: StopFlag, notice: NoticeSource | None,
         notice_poll_s: float) -> int:
     """Train the job to the end (0) or to a stop (75); raises on failure."""
-    spot = SpotCallback(checkpoint_uri, config.checkpoint, notice, notice_poll_s, stop=stop, guard=config.guard)
+    spot = SpotCallback(checkpoint_uri, config.checkpoint, notice, notice_poll_s, stop=stop, guard=config.guard,
+                        data_shape=config.data_shape())
     return spot.train(build_trainer(config, str(spot.output_dir), stop))

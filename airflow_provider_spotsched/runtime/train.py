@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from airflow_provider_spotsched.runtime.checkpoint import CheckpointStore, checkpoint_name, utc_now
-from airflow_provider_spotsched.runtime.config import TrainConfig
+from airflow_provider_spotsched.runtime.config import ConfigError, TrainConfig, check_resumable
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, Progress, write_progress
 from airflow_provider_spotsched.runtime.data import SampleStream, load_text, rank_share
 from airflow_provider_spotsched.runtime.distributed import PeerLostError, Workers
@@ -140,7 +140,7 @@ class Trainer:
         return {
             "format": STATE_FORMAT, "step": self.step, "samples_done": self.samples_done,
             "samples_total": self.config.samples, "world_size": self.workers.world_size,
-            "model": self.config.model, "dataset": self.config.dataset, "seed": self.config.seed,
+            **self.config.data_shape(),
             "trainable": {name: p.detach().cpu().clone() for name, p in self.trainable},
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(), "losses": self.losses[-LOSS_HISTORY:], "lr_scale": self.lr_scale,
@@ -148,13 +148,12 @@ class Trainer:
         }
 
     def apply_state(self, state: dict[str, Any]) -> None:
-        for field in ("samples_total", "model", "dataset", "seed"):
-            configured = self.config.samples if field == "samples_total" else getattr(self.config, field)
-            if state[field] != configured:
-                raise ValueError(
-                    f"the checkpoint under {self.store.uri} belongs to a job with {field}={state[field]!r}, "
-                    f"this config has {configured!r}: use a fresh checkpoint URI or the original config"
-                )
+        check_resumable(state, self.config.data_shape(), f"the checkpoint of step {state['step']} under {self.store.uri}")
+        if state["samples_total"] != self.config.samples:
+            raise ConfigError(
+                f"the checkpoint under {self.store.uri} belongs to a job with samples={state['samples_total']!r}, "
+                f"this config has {self.config.samples!r}: use a fresh checkpoint URI or the original config"
+            )
         names = [name for name, _ in self.trainable]
         if sorted(names) != sorted(state["trainable"]):
             raise ValueError(
