@@ -56,11 +56,16 @@ with DAG(
 ) as dag:
 
     @task
-    def prepare_dataset(data_interval_start=None, data_interval_end=None, ds=None) -> dict:
-        """The week's valid tickets as training text, and the runtime's CONFIG.json beside it."""
+    def prepare_dataset(data_interval_end=None, ds=None) -> dict:
+        """The week's valid tickets as training text, and the runtime's CONFIG.json beside it.
+
+        The week is the seven days before the run's ``data_interval_end``: under Airflow 3's cron
+        schedules (``CronTriggerTimetable``) a run's data interval is empty, so its start says nothing.
+        """
         raw = ObjectStoragePath(RAW_TICKETS, conn_id="aws_default")
         seen, lines = set(), []
-        day = data_interval_start
+        week_start = data_interval_end - timedelta(days=7)
+        day = week_start
         while day < data_interval_end:
             part = raw / f"{day:%Y-%m-%d}.jsonl"
             if part.exists():
@@ -72,7 +77,7 @@ with DAG(
                         lines.append(f"Question: {question}\nAnswer: {answer}\n")
             day += timedelta(days=1)
         if len(lines) < MIN_TICKETS:
-            raise ValueError(f"only {len(lines)} valid tickets between {data_interval_start} and {data_interval_end}; need {MIN_TICKETS}")
+            raise ValueError(f"only {len(lines)} valid tickets between {week_start} and {data_interval_end}; need {MIN_TICKETS}")
         run_dir = ObjectStoragePath(f"{WORK_ROOT}/{ds}", conn_id="aws_default")
         (run_dir / "train.txt").write_text("\n".join(lines))
         config = {
