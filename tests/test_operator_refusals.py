@@ -49,16 +49,17 @@ def test_max_instances_over_the_deployments_limit_is_refused_before_anything_lau
     monkeypatch.setenv("AIRFLOW__SPOTSCHED__MAX_INSTANCES_LIMIT", "1")
     with pytest.raises(JobError, match=r"^max_instances=2: more than the limit of 1 instances"):
         operator(tmp_path, max_instances=2).execute(TaskContext(TaskStateStore()))
-    monkeypatch.setenv("AIRFLOW__SPOTSCHED__MAX_INSTANCES_LIMIT", "many")
-    with pytest.raises(JobError, match=r"^\[spotsched\] max_instances_limit='many': not an integer"):
-        operator(tmp_path).execute(TaskContext(TaskStateStore()))
+    for bad in ("many", "0", "-4"):  # 0 or less would refuse every job with a limit nobody means
+        monkeypatch.setenv("AIRFLOW__SPOTSCHED__MAX_INSTANCES_LIMIT", bad)
+        with pytest.raises(JobError, match=rf"^\[spotsched\] max_instances_limit='{bad}': not a whole number of instances >= 1"):
+            operator(tmp_path).execute(TaskContext(TaskStateStore()))
     assert nothing_launched(tmp_path)
 
 
 def test_a_bad_min_deferral_seconds_is_refused_before_anything_launches(tmp_path, monkeypatch):
-    for bad in ("soon", "-1", "nan"):
+    for bad in ("soon", "-1", "nan", "inf"):  # inf would never defer: every wait would hold a worker slot
         monkeypatch.setenv("AIRFLOW__SPOTSCHED__MIN_DEFERRAL_SECONDS", bad)
-        with pytest.raises(JobError, match=rf"^\[spotsched\] min_deferral_seconds='{bad}': not a number of seconds >= 0"):
+        with pytest.raises(JobError, match=rf"^\[spotsched\] min_deferral_seconds='{bad}': not a finite number of seconds >= 0"):
             operator(tmp_path).execute(TaskContext(TaskStateStore()))
     assert nothing_launched(tmp_path)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import secrets
 import shlex
@@ -128,11 +129,14 @@ def max_instances_limit() -> int:
     """``[spotsched] max_instances_limit``: the most instances one job of the deployment may ask for."""
     text = conf.get("spotsched", "max_instances_limit", fallback=str(DEFAULT_MAX_INSTANCES_LIMIT))
     try:
-        return int(text)
+        limit = int(text)
     except ValueError:
+        limit = 0
+    if limit < 1:
         raise JobError(
-            f"[spotsched] max_instances_limit={text!r}: not an integer; set it to a number of instances, e.g. 1024"
-        ) from None
+            f"[spotsched] max_instances_limit={text!r}: not a whole number of instances >= 1; set it to e.g. 1024"
+        )
+    return limit
 
 
 def min_deferral_seconds() -> float:
@@ -143,8 +147,8 @@ def min_deferral_seconds() -> float:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
-    if not seconds >= 0:
-        raise JobError(f"[spotsched] min_deferral_seconds={text!r}: not a number of seconds >= 0; set it to e.g. 15")
+    if not 0 <= seconds < math.inf:  # inf would never defer: every wait held a worker slot
+        raise JobError(f"[spotsched] min_deferral_seconds={text!r}: not a finite number of seconds >= 0; set it to e.g. 15")
     return seconds
 
 
