@@ -127,7 +127,7 @@ class RunDriver:
             the backends refuse them; a secret travels as a reference, see :mod:`~.backends.bootstrap`).
         """
         now = datetime.now(timezone.utc)
-        run = OnlineRun.start(config, env.market.history(now), now, selector_state)
+        run = OnlineRun.start(config, env.market.history(now, config.pools), now, selector_state)
         quota = env.backend.instance_limit()
         if quota is not None and config.job.max_instances > quota:
             raise JobError(

@@ -195,6 +195,9 @@ class OnlineRun:
     ) -> OnlineRun:
         """Check the job against the market and the budget; ``history`` ends with slot 0's state.
 
+        ``history``'s on-demand price is what the run bills, budgets and compares with: the job's,
+        the cheapest of its pools' in force at submission (what ``MarketFeed.history(now, pools)`` gives).
+
         Raises a :class:`JobError` (or :class:`BudgetError`) naming the field to fix, before
         anything is launched. With a stored ``selector_state``, ``policy_params`` must be empty
         or ask for the stored selector's own settings.
