@@ -11,20 +11,31 @@ import json
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_provider_spotsched.backends.base import BackendError, InstanceState
+from airflow_provider_spotsched.backends.base import (
+    ON_DEMAND,
+    BackendError,
+    ComputeBackend,
+    InstanceState,
+    InstanceStatus,
+    JobStatus,
+    TrainingJob,
+)
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.backends.local_settings import LocalReplaySettings
 from airflow_provider_spotsched.execution.driver import Finished, RunDriver
-from airflow_provider_spotsched.execution.environment import local_environment
+from airflow_provider_spotsched.execution.environment import SpotEnvironment, local_environment
 from airflow_provider_spotsched.execution.wake import Wait
-from airflow_provider_spotsched.scheduling.model import Job, Throughput
+from airflow_provider_spotsched.market.feed import ReplayedMarket
+from airflow_provider_spotsched.market.trace import load_trace
+from airflow_provider_spotsched.scheduling.model import Allocation, Job, Throughput
 from airflow_provider_spotsched.scheduling.online import RunConfig
 
 FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
@@ -178,6 +189,66 @@ def test_slots_that_pass_after_a_release_are_carried_idle_not_billed_as_running(
     carried = again.run.records[1:-1]
     assert carried and all(r.plan is None and r.applied == {"spot": {}, "on_demand": 0} for r in carried)
     assert again.run.records[-1].forecast is not None  # the current slot is decided and launched again
+
+
+class RecordingBackend(ComputeBackend):
+    """Runs each target at once, on demand and spot alike, and records every target it was sent."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.targets: list[Allocation] = []
+        self.instances: list[InstanceStatus] = []
+
+    def reconcile(self, job: TrainingJob, target: Allocation) -> JobStatus:
+        self.targets.append(target)
+        self.instances = [InstanceStatus(f"{p}-{k}", p, InstanceState.RUNNING) for p, n in zip(job.pools, target.spot)
+                          for k in range(n)]
+        self.instances += [InstanceStatus(f"od-{k}", ON_DEMAND, InstanceState.RUNNING) for k in range(target.on_demand)]
+        return self.status(job)
+
+    def status(self, job: TrainingJob) -> JobStatus:
+        return JobStatus(job.job_id, tuple(self.instances))
+
+    def release(self, job: TrainingJob) -> None:
+        self.instances = [replace(i, state=InstanceState.RELEASED) for i in self.instances]
+
+
+@pytest.mark.parametrize("reattach", [False, True])
+@pytest.mark.parametrize("released", [False, True])
+def test_a_decision_stored_for_a_slot_that_is_over_is_billed_as_what_ran_not_launched(tmp_path, reattach, released):
+    """The caller died after slot 1's decision was stored and before the backend acted; the next
+    step comes in slot 4. Slot 1 ran on slot 0's allocation (nothing after a release), as did slots
+    2 and 3; nothing is launched for slot 1, only slot 4's decision."""
+    t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    rows = ["timestamp,market,spot_price,available,on_demand_price"]
+    rows += [f"{t0 + timedelta(hours=h):%Y-%m-%dT%H:%M:%SZ},A,1.0,4,4.0" for h in range(60)]
+    (tmp_path / "flat.csv").write_text("\n".join(rows) + "\n")
+    feed = ReplayedMarket(load_trace(tmp_path / "flat.csv"), 1.0, 4)
+    backend = RecordingBackend()
+    env = SpotEnvironment(backend=backend, market=feed, seconds_per_slot=100.0)
+    job = Job(work=150, deadline_hours=20, max_instances=2, throughput=Throughput(5.0), value=5000)
+    config = RunConfig("undelivered", job, ("A",), policy="greedy", seconds_per_slot=100.0)
+    saved: list[dict[str, Any]] = []
+    driver = RunDriver.start(env, config, lambda uri: ["true"], str(tmp_path / "checkpoint"), saved.append)
+    driver.step()
+    assert backend.targets == [Allocation((2,), 0)], "slot 0 runs 2 spot instances"
+    run, slot_1 = driver.run, driver.run.started + timedelta(seconds=150)
+    run.observe(*feed.row(1, config.pools, slot_1))
+    run.decide(0.0, slot_1).allocation = {"spot": {}, "on_demand": 2}  # stored, never delivered
+    if released:
+        driver.release()  # the failed try released every instance
+    again = RunDriver.from_state(env, json.loads(json.dumps(driver.to_state())), saved.append)
+    again.run.started = datetime.now(timezone.utc) - timedelta(seconds=450)  # the next step comes in slot 4
+    again.step(reattach=reattach)
+
+    records = again.run.records
+    assert [r.slot for r in records] == [0, 1, 2, 3, 4] and records[1].allocation == {"spot": {}, "on_demand": 2}
+    ran = {"spot": {}, "on_demand": 0} if released else {"spot": {"A": 2}, "on_demand": 0}
+    assert [r.applied for r in records[1:4]] == [ran] * 3
+    assert records[4].cost_so_far - records[1].cost_so_far == (0.0 if released else 6.0)  # 2 spot at 1.00 USD/h
+    assert backend.targets == [Allocation((2,), 0), Allocation((2,), 0)], "only slot 4's decision is launched"
+    assert records[4].forecast is not None and records[4].applied == {"spot": {"A": 2}, "on_demand": 0}
 
 
 def test_the_core_driver_imports_without_airflow():

@@ -75,3 +75,13 @@ def test_a_live_feed_prices_on_demand_as_now_not_as_at_the_start_of_its_history(
     ticks = [replace(t, on_demand_price=3.0 if t.time < (now - timedelta(hours=12)).timestamp() else 4.0)
              for t in ten_minute_ticks(now, 48)]
     assert LiveMarketFeed(StoppedSource(ticks), 1.0, 24.0).history(now).on_demand_price == 4.0
+
+
+def test_a_live_feed_prices_on_demand_as_the_jobs_pools_cheapest_leaving_out_pools_without_ticks():
+    now = T0 + timedelta(days=3)
+    ticks = ten_minute_ticks(now, 48)
+    ticks += [replace(t, market="pool-b", on_demand_price=2.0) for t in ticks]  # pool-b's on-demand is cheaper
+    feed = LiveMarketFeed(StoppedSource(ticks), 1.0, 24.0)
+    assert feed.history(now).on_demand_price == 2.0  # a job on any pool
+    assert feed.history(now, ["pool-a"]).on_demand_price == 3.0
+    assert feed.history(now, ["pool-a", "mars-1a"]).pools == ("pool-a", "pool-b")  # the run refuses mars-1a by name

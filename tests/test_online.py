@@ -9,11 +9,16 @@ import numpy as np
 import pytest
 
 from airflow_provider_spotsched.backends.base import InstanceState, InstanceStatus, JobStatus
+from airflow_provider_spotsched.backends.local_settings import LocalReplaySettings
+from airflow_provider_spotsched.execution.driver import RunDriver
+from airflow_provider_spotsched.execution.environment import local_environment
+from airflow_provider_spotsched.market.shipped import cached_trace
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError, Progress, Throughput, advance
 from airflow_provider_spotsched.scheduling.online import BudgetError, OnlineRun, RunConfig
 from airflow_provider_spotsched.scheduling.policies import make_policy
-from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
+from airflow_provider_spotsched.scheduling.replay import JobMarket, job_market, simulate
+from airflow_provider_spotsched.scheduling.rules import on_demand_cost
 from airflow_provider_spotsched.scheduling.selector import SelectorPolicy, job_context
 from airflow_provider_spotsched.scheduling.selector_store import (
     SelectorStoreError,
@@ -87,6 +92,39 @@ def test_driving_slot_by_slot_reproduces_the_simulator(gcp_market, policy, round
 
 def _slots(reference):
     return [{"spot": s["spot"], "on_demand": s["on_demand"]} for s in reference.to_dict()["slots"]]
+
+
+@pytest.mark.parametrize("policy", ["on-demand", "uniform-progress"])
+@pytest.mark.parametrize("market", ["pools", "rise"])
+def test_a_local_run_pays_on_demand_as_the_simulator_its_pools_price_at_submission(tmp_path, market, policy):
+    """The run bills, and compares with, the cheapest on-demand price of ITS pools in force at
+    submission, as the simulator's job market: not the cheapest of every pool of the trace (the
+    shipped GCP trace's europe-west1-c costs 11.3586 USD/h, other zones 10.3157), nor the price at
+    the start of the history (here 3.00 USD/h for its first 10 h, then 4.00)."""
+    extra = {"workdir": str(tmp_path / "local"), "history_slots": HISTORY}
+    pools: tuple[str, ...] = ("europe-west1-c",)
+    if market == "rise":
+        t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+        rows = ["timestamp,market,spot_price,available,on_demand_price"]
+        rows += [f"{t0 + timedelta(hours=h):%Y-%m-%dT%H:%M:%SZ},A,3.5,{h % 3},{3.0 if h < 10 else 4.0}" for h in range(80)]
+        (tmp_path / "rise.csv").write_text("\n".join(rows) + "\n")
+        extra["trace"], pools = str(tmp_path / "rise.csv"), ("A",)
+    settings = LocalReplaySettings.from_extra(extra, "test")
+    env, trace = local_environment(settings, 1.0), cached_trace(settings.trace)
+    origin = datetime.fromtimestamp(trace.first_time, timezone.utc)
+    job = gcp_job(work=20.0, deadline_hours=4.0, max_instances=2, throughput=Throughput(5.0, 0.0), value=500.0,
+                  start=origin + timedelta(hours=HISTORY))
+    config = RunConfig("od-price", job, pools, policy=policy, forecaster="persistence")
+    run = RunDriver.start(env, config, lambda uri: ["true"], str(tmp_path / "checkpoint"), lambda state: None).run
+    run = drive(run, resample(trace, origin, 1.0, pools=pools), round_trip=False)
+    submitted = job_market(trace, job, pools)
+    reference = simulate(make_policy(policy, {}), job, submitted)
+    result = run.result()
+    assert run.market.on_demand_price == submitted.market.on_demand_price == (11.3586 if market == "pools" else 4.0)
+    assert [r["allocation"] for r in run.decision_log()] == _slots(reference)
+    assert result["cost"] == pytest.approx(reference.outcome.cost, rel=1e-9)
+    assert result["utility"] == pytest.approx(reference.outcome.utility, rel=1e-9)
+    assert result["on_demand_cost"] == pytest.approx(on_demand_cost(job, submitted.market.on_demand_price))
 
 
 def test_decision_log_holds_market_forecast_and_costs(gcp_market):

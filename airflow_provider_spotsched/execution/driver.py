@@ -15,7 +15,8 @@ The rules a caller must not have to know:
 - **catch-up**: a step late by several slots records the slots it missed as carried (the
   allocation in force ran on through them, capped by each slot's capacity, and is billed; after
   a release, by a kill or a failed try, nothing ran and they are idle; nothing is decided or
-  launched for a slot that is over) and decides the current one, so the
+  launched for a slot that is over, not even a decision stored for it before a caller died, whose
+  slot is billed as it ran on) and decides the current one, so the
   bill and the decision log have one entry per slot, and the bill is what ran;
 - **durable before acting**: the state is handed to ``persist`` after every decision and before
   the backend acts on it, so a restarted caller re-attaches to the same job (nothing launched
@@ -127,7 +128,7 @@ class RunDriver:
             the backends refuse them; a secret travels as a reference, see :mod:`~.backends.bootstrap`).
         """
         now = datetime.now(timezone.utc)
-        run = OnlineRun.start(config, env.market.history(now), now, selector_state)
+        run = OnlineRun.start(config, env.market.history(now, config.pools), now, selector_state)
         quota = env.backend.instance_limit()
         if quota is not None and config.job.max_instances > quota:
             raise JobError(
@@ -252,10 +253,15 @@ class RunDriver:
             details = "; ".join(f"{i.instance_id} ({i.pool}): {i.detail}{self._log_tail(i.instance_id)}" for i in failed)
             raise TrainingFailedError(f"training of {self.training.job_id} failed: {details}")
         now = datetime.now(timezone.utc)
+        released = all(i.state is InstanceState.RELEASED for i in status.instances)  # by a kill or a failed try
         if not run.records:
             status = self._decide(now, status)
+        elif run.records[-1].applied is None and run.slot < self.slot_at(now):
+            # a previous step decided a slot that is now over and stopped before the backend acted:
+            # that slot ran on what was in force; its decision is not launched, the current slot's is
+            run.ran_on_undelivered(released)
         elif run.records[-1].applied is None or (reattach and run.slot == self.slot_at(now)):
-            # a previous step decided and stopped before the backend acted, or released what it had
+            # a previous step decided this slot and stopped before the backend acted, or released what it had
             status = self._apply(allocation_from_dict(run.records[-1].allocation, run.config.pools))
         seconds_per_slot = run.config.wall_seconds_per_slot
         poll_interval = min(max(seconds_per_slot / 10.0, 0.2), 60.0)
@@ -266,7 +272,6 @@ class RunDriver:
             return Wait(boundary=boundary, known_preemptions=status.preemptions, known_failures=self.known_failures,
                         poll_interval=poll_interval)
         current = self.slot_at(now)
-        released = all(i.state is InstanceState.RELEASED for i in status.instances)  # by a kill or a failed try
         self._carry_to(current - 1, now, released)  # slots that are over ran on what was in force, if anything
         if run.slot < current:
             run.observe(*self.env.market.row(run.slot + 1, run.config.pools, now))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -29,8 +30,14 @@ class MarketFeed(ABC):
     """The market one run reads: ``history`` at submission, then ``row`` at every boundary."""
 
     @abstractmethod
-    def history(self, now: datetime) -> SlotMarket:
-        """Every pool's slots before submission, ending with the state at ``now`` (slot 0)."""
+    def history(self, now: datetime, pools: Sequence[str] | None = None) -> SlotMarket:
+        """Every pool's slots before submission, ending with the state at ``now`` (slot 0).
+
+        Its on-demand price is the one a job on ``pools`` pays (default: on any pool): the cheapest
+        of those pools' on-demand prices in force at submission, as the simulator's job market
+        (:func:`~airflow_provider_spotsched.scheduling.replay.job_market`). Pools the market does
+        not know are left out of that price, for the run to refuse them by name.
+        """
 
     @abstractmethod
     def row(self, slot: int, pools: Sequence[str], now: datetime) -> tuple[np.ndarray, np.ndarray]:
@@ -47,8 +54,8 @@ class LiveMarketFeed(MarketFeed):
             )
         self.source, self.slot_hours, self.history_hours = source, float(slot_hours), float(history_hours)
 
-    def history(self, now: datetime) -> SlotMarket:
-        return self._slots(now, self.history_hours)
+    def history(self, now: datetime, pools: Sequence[str] | None = None) -> SlotMarket:
+        return self._slots(now, self.history_hours, pools)
 
     def row(self, slot: int, pools: Sequence[str], now: datetime) -> tuple[np.ndarray, np.ndarray]:
         try:
@@ -61,9 +68,10 @@ class LiveMarketFeed(MarketFeed):
         index = [market.pools.index(p) for p in pools]
         return market.spot_price[-1, index], market.available[-1, index]
 
-    def _slots(self, now: datetime, hours: float) -> SlotMarket:
+    def _slots(self, now: datetime, hours: float, pools: Sequence[str] | None = None) -> SlotMarket:
         """Whole slots over the last ``hours``, the last one starting at ``now``: a pool whose newest
-        tick is older than the hole threshold counts as unavailable now, whatever it last said."""
+        tick is older than the hole threshold counts as unavailable now, whatever it last said.
+        The on-demand price is the cheapest of ``pools``' (those with ticks) now."""
         now = now.astimezone(timezone.utc)
         trace = self.source.observe(now - timedelta(hours=hours), now)
         if not trace.pools:
@@ -72,7 +80,11 @@ class LiveMarketFeed(MarketFeed):
                 f"{now:%Y-%m-%d %H:%M} UTC: no pool had both a spot price and availability evidence (a placement "
                 "score or a recorded launch) in force; check the market connection (market_conn_id) and the pools' regions"
             )
-        return resample_until(trace, now, self.slot_hours)
+        market = resample_until(trace, now, self.slot_hours)
+        priced = [p for p in pools or () if p in trace.pools]
+        if not priced:
+            return market
+        return replace(market, on_demand_price=resample_until(trace, now, self.slot_hours, priced).on_demand_price)
 
 
 class ReplayedMarket(MarketFeed):
@@ -89,7 +101,7 @@ class ReplayedMarket(MarketFeed):
                 f"{trace.source} before it; choose a market_start at or after "
                 f"{format_timestamp(first + timedelta(hours=history_slots * slot_hours))}"
             )
-        self.history_slots = history_slots
+        self.trace, self.start, self.history_slots = trace, start, history_slots
         self.market: SlotMarket = resample(trace, origin, slot_hours)
         if self.market.num_slots <= history_slots:
             if not chosen:  # the default start is history_slots into the trace: the trace is too short
@@ -100,8 +112,12 @@ class ReplayedMarket(MarketFeed):
                 )
             raise ValueError(f"market_start {format_timestamp(start)} lies at the end of {trace.source}; choose an earlier one")
 
-    def history(self, now: datetime) -> SlotMarket:
-        return self.market.prefix(self.history_slots + 1)
+    def history(self, now: datetime, pools: Sequence[str] | None = None) -> SlotMarket:
+        """The slots up to submission; ``self.market``'s on-demand price is the one at its first slot,
+        so the job's is read again at submission, for its pools (as the simulator's job market)."""
+        priced = [p for p in pools or () if p in self.market.pools] or None
+        at_submission = resample(self.trace, self.start, self.market.slot_hours, 1, priced).on_demand_price
+        return replace(self.market.prefix(self.history_slots + 1), on_demand_price=at_submission)
 
     def row(self, slot: int, pools: Sequence[str], now: datetime) -> tuple[np.ndarray, np.ndarray]:
         """Row ``slot`` of the replay; past the trace's end the last row holds (as the backend's clock)."""

@@ -195,6 +195,9 @@ class OnlineRun:
     ) -> OnlineRun:
         """Check the job against the market and the budget; ``history`` ends with slot 0's state.
 
+        ``history``'s on-demand price is what the run bills, budgets and compares with: the job's,
+        the cheapest of its pools' in force at submission (what ``MarketFeed.history(now, pools)`` gives).
+
         Raises a :class:`JobError` (or :class:`BudgetError`) naming the field to fix, before
         anything is launched. With a stored ``selector_state``, ``policy_params`` must be empty
         or ask for the stored selector's own settings.
@@ -390,11 +393,13 @@ class OnlineRun:
         capacity = self.market.available[-1]
         return Allocation(tuple(min(n, int(a)) for n, a in zip(allocation.spot, capacity)), allocation.on_demand)
 
-    def ran_on_undelivered(self) -> None:
+    def ran_on_undelivered(self, released: bool = False) -> None:
         """The current slot's decision never reached the backend (the caller stopped in between):
-        the allocation in force ran on through it, capped by its spot capacity, and is billed."""
+        the allocation in force ran on through it, capped by its spot capacity, and is billed; a job
+        whose instances were all ``released`` (a kill, a failed try) ran nothing in it."""
         if self.decided and self.records[-1].applied is None:
-            self.applied(self._capped_by_capacity(self.allocation_in_force()))
+            in_force = Allocation.idle(len(self.config.pools)) if released else self.allocation_in_force()
+            self.applied(self._capped_by_capacity(in_force))
 
     def next_slot(self, spot_price: Sequence[float] | np.ndarray, available: Sequence[int] | np.ndarray) -> None:
         """Move past the decided current slot; a decision nobody reported on is billed as decided.

@@ -198,7 +198,7 @@ class SpotMarketTrigger(BaseTrigger):
         no pool has any evidence. A watched pool without ticks counts as unavailable (unknown
         availability is 0, never a guess) at the on-demand price, so no condition holds on it."""
         try:
-            market = feed.history(market_now)
+            market = feed.history(market_now, self.pools)
         except NoMarketData as exc:
             self.log.warning("%s; waiting for evidence", exc)
             return None
