@@ -30,7 +30,7 @@ from airflow_provider_spotsched.backends.base import (
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.backends.local_settings import LocalReplaySettings
-from airflow_provider_spotsched.execution.driver import Finished, RunDriver
+from airflow_provider_spotsched.execution.driver import Finished, RunDriver, TrainingFailedError, _released
 from airflow_provider_spotsched.execution.environment import SpotEnvironment, local_environment
 from airflow_provider_spotsched.execution.wake import Wait
 from airflow_provider_spotsched.market.feed import ReplayedMarket
@@ -189,6 +189,51 @@ def test_slots_that_pass_after_a_release_are_carried_idle_not_billed_as_running(
     carried = again.run.records[1:-1]
     assert carried and all(r.plan is None and r.applied == {"spot": {}, "on_demand": 0} for r in carried)
     assert again.run.records[-1].forecast is not None  # the current slot is decided and launched again
+
+
+def test_slots_that_pass_after_a_failed_try_are_carried_idle_though_the_failed_instance_stays_failed(tmp_path):
+    """A failed try releases every instance, but the one that failed keeps its state (its result wins over
+    the release): the retry's carried slots still ran nothing (they were billed as running before)."""
+    saved: list[dict[str, Any]] = []
+    driver = make_driver(tmp_path, saved, samples=600, step_s=0.2)
+    worker = tmp_path / "worker.json"
+    worker.write_text(json.dumps({**json.loads(worker.read_text()), "fail_rank": 0, "fail_after_steps": 3}))
+    again = None
+    try:
+        driver.step()
+        assert driver.run.records[0].applied["spot"] or driver.run.records[0].applied["on_demand"]
+        with pytest.raises(TrainingFailedError):
+            for _ in range(100):
+                time.sleep(0.1)
+                driver.step()
+        states = {i.state for i in driver.env.backend.status(driver.training).instances}
+        assert InstanceState.FAILED in states and not states & {InstanceState.PENDING, InstanceState.RUNNING}
+        time.sleep(2.5 * driver.run.config.wall_seconds_per_slot)  # the retry comes later
+        again = RunDriver.from_state(driver.env, json.loads(json.dumps(saved[-1])), saved.append)
+        before = len(again.run.records)
+        again.step(reattach=True)
+    finally:
+        (again or driver).release()
+    carried = [r for r in again.run.records[before:] if r.forecast is None]
+    assert carried and all(r.applied == {"spot": {}, "on_demand": 0} for r in carried)
+
+
+@pytest.mark.parametrize(
+    ("states", "released"),
+    [
+        ((), True),
+        ((InstanceState.RELEASED, InstanceState.RELEASED), True),
+        ((InstanceState.FAILED, InstanceState.RELEASED), True),  # a failed try
+        ((InstanceState.FAILED,), True),
+        ((InstanceState.PREEMPTED, InstanceState.RELEASED), True),  # a kill after an earlier preemption
+        ((InstanceState.PREEMPTED, InstanceState.PREEMPTED), False),  # taken back while nobody stepped: they ran
+        ((InstanceState.RUNNING, InstanceState.RELEASED), False),  # a scale-down; the rest runs on
+        ((InstanceState.PENDING, InstanceState.FAILED), False),
+    ],
+)
+def test_a_job_counts_as_released_when_nothing_is_live_and_it_was_ended_for_it(states, released):
+    status = JobStatus("j", tuple(InstanceStatus(f"i{n}", POOLS[0], state) for n, state in enumerate(states)))
+    assert _released(status) is released
 
 
 class RecordingBackend(ComputeBackend):

@@ -253,7 +253,7 @@ class RunDriver:
             details = "; ".join(f"{i.instance_id} ({i.pool}): {i.detail}{self._log_tail(i.instance_id)}" for i in failed)
             raise TrainingFailedError(f"training of {self.training.job_id} failed: {details}")
         now = datetime.now(timezone.utc)
-        released = all(i.state is InstanceState.RELEASED for i in status.instances)  # by a kill or a failed try
+        released = _released(status)
         if not run.records:
             status = self._decide(now, status)
         elif run.records[-1].applied is None and run.slot < self.slot_at(now):
@@ -355,6 +355,16 @@ class RunDriver:
     def slot_at(self, now: datetime) -> int:
         """The slot in force at ``now`` on the run's clock."""
         return max(int(math.floor(self.run.hours_at(now) / self.run.config.job.slot_hours + SLOT_EPSILON)), 0)
+
+
+def _released(status: JobStatus) -> bool:
+    """Whether the job's instances were ended for it (a kill, a failed try): none is live, and those
+    listed were released or failed (a failed one keeps its state through the release). Instances all
+    preempted while nobody stepped ran until taken back, so that is not a release."""
+    states = {i.state for i in status.instances}
+    return not states & {InstanceState.PENDING, InstanceState.RUNNING} and (
+        not states or bool(states & {InstanceState.RELEASED, InstanceState.FAILED})
+    )
 
 
 def _fingerprint(state: Mapping[str, Any]) -> str:
