@@ -233,3 +233,18 @@ def test_a_resume_under_another_seq_len_exits_2_and_keeps_the_checkpoint(uninter
     assert (f"the checkpoint of step 20 under {uri} was made with seq_len=32, and this config has seq_len=16: "
             "its position (samples consumed) would continue over other samples. Restore seq_len=32") in capsys.readouterr().err
     assert {path: path.read_bytes() for path in (uri / "checkpoints").rglob("*") if path.is_file()} == stored
+
+
+def test_a_resume_under_another_global_batch_goes_on_from_the_checkpoints_samples(tmp_path):
+    """The loop's position is samples_done (its data and its learning-rate schedule alike), not a step count:
+    a resume with another step batch continues at the sample after the checkpoint's, and progress counts true."""
+    checkpoints = {"keep": 3, "min_interval_s": 0, "max_interval_s": 0.001}  # one before every step: 18, 19, 20 kept
+    uri = tmp_path / "ckpt"
+    assert run_inline(write_config(tmp_path, checkpoint=checkpoints), uri)[0] == 0
+    for name in ("ckpt-000000019", "ckpt-000000020"):
+        shutil.rmtree(uri / "checkpoints" / name)
+    code, events = run_inline(write_config(tmp_path, checkpoint=checkpoints, global_batch_size=4, micro_batch_size=2), uri)
+    assert code == 0 and events[0]["event"] == "resumed" and events[0]["samples_done"] == 18 * 8
+    steps = [(e["step"], e["samples_done"]) for e in events if e["event"] == "step"]
+    assert steps == [(19, 148), (20, 152), (21, 156), (22, 160)]  # the 16 samples left, 4 a step
+    assert events[-1]["samples_done"] == 160 and json.loads((uri / "progress.json").read_text())["samples_done"] == 160
