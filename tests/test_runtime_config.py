@@ -64,11 +64,14 @@ def test_config_files_that_are_missing_or_not_json_are_refused(tmp_path):
         TrainConfig.from_file(tmp_path / "bad.json")
 
 
-def test_unknown_datasets_are_refused():
-    with pytest.raises(ValueError, match="is not a builtin dataset"):
+def test_unknown_datasets_and_one_shorter_than_a_sample_are_config_errors_naming_the_fix():
+    with pytest.raises(ConfigError, match="is not a builtin dataset of runtime 'loop'; builtin: "):
         dataset_path("builtin:wikipedia")
-    with pytest.raises(ValueError, match="neither a builtin dataset nor an existing text file"):
+    with pytest.raises(ConfigError, match="neither a builtin dataset nor an existing text file: give the path of a UTF-8"):
         dataset_path("/nonexistent/corpus.txt")
+    with pytest.raises(ConfigError, match="dataset 'tiny.txt' has 10 tokens, fewer than one sample of seq_len=64: "
+                                          "give seq_len <= 10 or a longer dataset"):
+        SampleStream(np.arange(10), 64, 0, "tiny.txt")
 
 
 def test_a_resume_is_judged_on_every_data_shaping_field_the_checkpoint_recorded():
@@ -90,17 +93,15 @@ def test_rank_shares_cover_a_global_batch_exactly_once():
 
 
 def test_the_sample_stream_is_a_function_of_the_global_position():
-    stream = SampleStream(np.arange(1000), seq_len=10, seed=5)
+    stream = SampleStream(np.arange(1000), seq_len=10, seed=5, dataset="corpus.txt")
     assert len(stream) == 100
     whole = stream.batch(95, 10)  # crosses into the second epoch
     first, size = rank_share(95, 10, 1, 2)
     assert torch.equal(stream.batch(first, size), whole[5:])
-    assert torch.equal(SampleStream(np.arange(1000), 10, seed=5).batch(95, 10), whole)
+    assert torch.equal(SampleStream(np.arange(1000), 10, 5, "corpus.txt").batch(95, 10), whole)
     epoch0 = sorted(int(row[0]) for row in stream.batch(0, 100))
     assert epoch0 == list(range(0, 1000, 10))  # an epoch is a permutation of every chunk
     assert not torch.equal(stream.batch(0, 100), stream.batch(100, 100))  # reshuffled per epoch
-    with pytest.raises(ValueError, match="fewer than one sample of seq_len=64"):
-        SampleStream(np.arange(10), 64, 0)
 
 
 def test_the_learning_rate_warms_up_then_decays_to_zero_by_position():

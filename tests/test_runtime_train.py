@@ -248,3 +248,17 @@ def test_a_resume_under_another_global_batch_goes_on_from_the_checkpoints_sample
     steps = [(e["step"], e["samples_done"]) for e in events if e["event"] == "step"]
     assert steps == [(19, 148), (20, 152), (21, 156), (22, 160)]  # the 16 samples left, 4 a step
     assert events[-1]["samples_done"] == 160 and json.loads((uri / "progress.json").read_text())["samples_done"] == 160
+
+
+@pytest.mark.parametrize("dataset, message", [
+    ("missing.txt", "is neither a builtin dataset nor an existing text file: give the path of a UTF-8 text file"),
+    ("short.txt", "has 7 tokens, fewer than one sample of seq_len=32: give seq_len <= 7 or a longer dataset"),
+    ("latin1.txt", "is not UTF-8 text"),
+])
+def test_a_dataset_that_cannot_give_one_sample_exits_2_naming_it_before_training(tmp_path, capsys, dataset, message):
+    (tmp_path / "short.txt").write_text("one two three")  # 7 tokens of the builtin tokenizer
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
+    path = str(tmp_path / dataset)
+    code, events = run_inline(write_config(tmp_path, dataset=path), tmp_path / "ckpt")
+    assert code == 2 and not [e for e in events if e["event"] in ("started", "step", "checkpoint")]
+    assert f"spotsched-train: dataset {path!r} {message}" in capsys.readouterr().err

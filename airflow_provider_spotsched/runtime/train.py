@@ -124,12 +124,13 @@ class Trainer:
         torch.manual_seed(config.seed)  # LoRA's initialisation: identical on every rank
         random.seed(config.seed)
         np.random.seed(config.seed)
+        text = load_text(config.dataset)  # a missing dataset is refused before the model loads
         base, self.tokenizer = load_model_and_tokenizer(config.model)
         check_seq_len(base, config.seq_len)
         self.model = wrap_lora(base, config.lora, config.model).to(self.workers.device)
         self.model.train()
         self.trainable = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
-        self.stream = SampleStream.from_text(load_text(config.dataset), self.tokenizer, config.seq_len, config.seed)
+        self.stream = SampleStream.from_text(text, self.tokenizer, config.seq_len, config.seed, config.dataset)
         self.optimizer = torch.optim.AdamW([p for _, p in self.trainable], lr=config.lr,
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
