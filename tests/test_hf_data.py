@@ -340,6 +340,25 @@ def test_a_resume_under_another_seq_len_exits_2_and_keeps_the_checkpoint_for_the
     assert code == EXIT_DONE and events[0]["checkpoint"] == "checkpoint-2" and events[-1]["step"] == 4
 
 
+def test_a_resume_under_other_lora_layers_exits_2_and_another_alpha_resumes(tmp_path, capsys):
+    config, uri = tmp_path / "config.json", tmp_path / "ckpt"
+    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 16}))
+    assert run_inline(config, uri)[0] == EXIT_DONE
+    checkpoint = uri / "checkpoints" / "checkpoint-2"
+    stored = {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()}
+
+    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, "lora": {"r": 4}}))  # the Trainer's load fails (exit 1)
+    code, events = run_inline(config, uri)
+    assert code == EXIT_USAGE and not [e for e in events if e["event"] in ("log", "checkpoint")]
+    assert (f"checkpoint checkpoint-2 under {uri} was made with lora.r=8, and this config has lora.r=4: its adapter's "
+            "LoRA layers do not fit this config's. Restore lora.r=8 to resume it") in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()} == stored
+
+    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, "lora": {"alpha": 8.0}}))
+    code, events = run_inline(config, uri)
+    assert code == EXIT_DONE and events[0]["checkpoint"] == "checkpoint-2" and events[-1]["step"] == 4
+
+
 def test_a_resume_under_another_step_batch_exits_2_and_one_of_the_same_product_resumes(tmp_path, capsys):
     config, uri = tmp_path / "config.json", tmp_path / "ckpt"
     config.write_text(json.dumps({**TINY_HF_JOB, "samples": 16}))  # 2 steps of 8: checkpoint-2, 16 samples

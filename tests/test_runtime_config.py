@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -75,14 +76,26 @@ def test_unknown_datasets_and_one_shorter_than_a_sample_are_config_errors_naming
 
 
 def test_a_resume_is_judged_on_every_data_shaping_field_the_checkpoint_recorded():
-    shape = TrainConfig.from_dict({"samples": 8, "eval_fraction": 0.1}).data_shape()
-    assert set(shape) == {"model", "dataset", "seq_len", "seed", "eval_fraction", "chat_template"}
+    shape = TrainConfig.from_dict({"samples": 8, "eval_fraction": 0.1, "lora": {"target_modules": ["c_attn"]}}).resume_shape()
+    assert set(shape) == {"model", "dataset", "seq_len", "seed", "eval_fraction", "chat_template", "lora.r",
+                          "lora.target_modules"}
     check_resumable(shape, shape, "checkpoint-4")
+    check_resumable(json.loads(json.dumps(shape)), shape, "checkpoint-4")  # as the hf manifest reads it back
     check_resumable({"model": shape["model"]}, {**shape, "seq_len": 128}, "checkpoint-4")  # recorded before seq_len was
     for name, other in [("dataset", "other.jsonl"), ("seed", 7), ("eval_fraction", 0.2), ("model", "gpt2")]:
         with pytest.raises(ConfigError, match=f"checkpoint-4 was made with {name}=.*this config has {name}=.*Restore {name}="):
             check_resumable(shape, {**shape, name: other}, "checkpoint-4")
 
+
+def test_a_resume_is_judged_on_the_lora_layers_the_checkpoint_has_and_not_on_alpha_or_dropout():
+    shape = TrainConfig.from_dict({"samples": 8}).resume_shape()
+    for lora in ({"alpha": 32.0}, {"dropout": 0.1}):
+        check_resumable(shape, TrainConfig.from_dict({"samples": 8, "lora": lora}).resume_shape(), "checkpoint-4")
+    for lora, name, values in [({"r": 4}, "lora.r", "8.*4"), ({"target_modules": ["c_attn"]}, "lora.target_modules",
+                                                             r"None.*\['c_attn'\]")]:
+        with pytest.raises(ConfigError, match=f"checkpoint-4 was made with {name}={values}: its adapter's LoRA layers "
+                                              f"do not fit this config's. Restore {name}="):
+            check_resumable(shape, TrainConfig.from_dict({"samples": 8, "lora": lora}).resume_shape(), "checkpoint-4")
 
 def test_rank_shares_cover_a_global_batch_exactly_once():
     for count in (0, 1, 7, 8, 9):

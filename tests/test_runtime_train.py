@@ -262,3 +262,32 @@ def test_a_dataset_that_cannot_give_one_sample_exits_2_naming_it_before_training
     code, events = run_inline(write_config(tmp_path, dataset=path), tmp_path / "ckpt")
     assert code == 2 and not [e for e in events if e["event"] in ("started", "step", "checkpoint")]
     assert f"spotsched-train: dataset {path!r} {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lora, message", [
+    ({"r": 4}, "was made with lora.r=8, and this config has lora.r=4: its adapter's LoRA layers do not fit this "
+               "config's. Restore lora.r=8"),
+    ({"target_modules": ["c_attn"]}, "was made with lora.target_modules=None, and this config has "
+                                     "lora.target_modules=['c_attn']"),
+])
+def test_a_resume_under_other_lora_layers_exits_2_naming_the_field_and_keeps_the_checkpoint(
+        uninterrupted, tmp_path, capsys, lora, message):
+    uri = tmp_path / "ckpt"
+    shutil.copytree(uninterrupted[2], uri)
+    stored = {path: path.read_bytes() for path in (uri / "checkpoints").rglob("*") if path.is_file()}
+    code, events = run_inline(write_config(tmp_path, lora=lora), uri)
+    assert code == 2 and not [e for e in events if e["event"] in ("resumed", "step", "checkpoint")]
+    assert f"the checkpoint of step 20 under {uri} {message}" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in (uri / "checkpoints").rglob("*") if path.is_file()} == stored
+
+
+def test_a_checkpoint_made_before_the_lora_fields_were_recorded_is_still_refused_other_layers(
+        uninterrupted, tmp_path, capsys):
+    loaded = CheckpointStore(str(uninterrupted[2])).load_latest()
+    state = {key: value for key, value in loaded.state.items() if not key.startswith("lora.")}
+    uri = tmp_path / "ckpt"
+    CheckpointStore(str(uri)).save(state["step"], state, samples_done=state["samples_done"], world_size=1, kind="final")
+    code, _ = run_inline(write_config(tmp_path, lora={"r": 4}), uri)
+    assert code == 2
+    assert (f"the checkpoint of step 20 under {uri} has other LoRA layers than this config makes: restore the lora.r "
+            "and lora.target_modules it was made with") in capsys.readouterr().err

@@ -87,12 +87,13 @@ class SpotCallback(TrainerCallback):
                  notice: NoticeSource | None = None, notice_poll_s: float = DEFAULT_POLL_S,
                  emit: Callable[..., None] | None = None, stop: StopFlag | None = None,
                  staging_dir: Path | None = None, guard: GuardSettings | None = None,
-                 data_shape: Mapping[str, Any] | None = None, step_batch: Mapping[str, int] | None = None) -> None:
+                 resume_shape: Mapping[str, Any] | None = None, step_batch: Mapping[str, int] | None = None) -> None:
         """``stop``: a flag the caller's own SIGTERM handler already sets (a stop during start-up counts);
         ``staging_dir``: the local disk for an object-store URI's checkpoints (default: ``$SPOTSCHED_STAGING_DIR``);
         ``guard``: roll back to the newest checkpoint on a diverging loss (:mod:`.guard`); None: no guard;
-        ``data_shape``: what makes the sample stream (the runtime's :meth:`.TrainConfig.data_shape`), recorded
-        in every manifest: a resume from a checkpoint made with other values is refused (a ConfigError);
+        ``resume_shape``: what makes the sample stream and the adapter's layers (the runtime's
+        :meth:`.TrainConfig.resume_shape`), recorded in every manifest: a resume from a checkpoint made with
+        other values is refused (a ConfigError);
         ``step_batch``: the settings whose product is a step's samples, with their values, as the caller's users
         set them (the runtime's batch_size and gradient_accumulation_steps), for the refusal of a resume under
         another step batch to name; by default the TrainingArguments' (:func:`global_batch`)."""
@@ -129,7 +130,7 @@ class SpotCallback(TrainerCallback):
         self.rollbacks = 0
         self.lr_scale = 1.0  # the learning rate's factor after rollbacks (lr_backoff per rollback)
         self._lr_factor_due = 1.0  # still to apply to the optimizer and scheduler loaded on resume
-        self.data_shape = dict(data_shape or {})
+        self.resume_shape = dict(resume_shape or {})
         self.step_batch = dict(step_batch) if step_batch else None
         self._batch_fields: dict[str, int] = {}  # the settings that make _global_batch, named in a refusal
 
@@ -197,7 +198,7 @@ class SpotCallback(TrainerCallback):
         self.checkpointed_step = step or 0
         saved = json.loads((chosen / MANIFEST).read_text()) if chosen else {}
         if chosen is not None:
-            check_resumable(saved.get("data_shape", {}), self.data_shape,
+            check_resumable(saved.get("resume_shape", {}), self.resume_shape,
                             f"checkpoint {chosen.name} under {self.checkpoint_uri}")
             self.check_step_batch(saved, f"checkpoint {chosen.name} under {self.checkpoint_uri}")
         self.rollbacks = max(self.rollbacks, int(saved.get("rollbacks", 0)))
@@ -292,7 +293,7 @@ class SpotCallback(TrainerCallback):
             directory = self.output_dir / f"checkpoint-{step}"
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
                            world_size=args.world_size, kind=kind, rollbacks=self.rollbacks, lr_scale=self.lr_scale,
-                           data_shape=self.data_shape)
+                           resume_shape=self.resume_shape)
             prune(self.output_dir, self.keep, warn)
             if self.mirror is not None:  # inside the save's time, so the Young/Daly interval counts it
                 self.mirror.upload(directory)
