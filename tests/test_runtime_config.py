@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -64,22 +65,37 @@ def test_config_files_that_are_missing_or_not_json_are_refused(tmp_path):
         TrainConfig.from_file(tmp_path / "bad.json")
 
 
-def test_unknown_datasets_are_refused():
-    with pytest.raises(ValueError, match="is not a builtin dataset"):
+def test_unknown_datasets_and_one_shorter_than_a_sample_are_config_errors_naming_the_fix():
+    with pytest.raises(ConfigError, match="is not a builtin dataset of runtime 'loop'; builtin: "):
         dataset_path("builtin:wikipedia")
-    with pytest.raises(ValueError, match="neither a builtin dataset nor an existing text file"):
+    with pytest.raises(ConfigError, match="neither a builtin dataset nor an existing text file: give the path of a UTF-8"):
         dataset_path("/nonexistent/corpus.txt")
+    with pytest.raises(ConfigError, match="dataset 'tiny.txt' has 10 tokens, fewer than one sample of seq_len=64: "
+                                          "give seq_len <= 10 or a longer dataset"):
+        SampleStream(np.arange(10), 64, 0, "tiny.txt")
 
 
 def test_a_resume_is_judged_on_every_data_shaping_field_the_checkpoint_recorded():
-    shape = TrainConfig.from_dict({"samples": 8, "eval_fraction": 0.1}).data_shape()
-    assert set(shape) == {"model", "dataset", "seq_len", "seed", "eval_fraction", "chat_template"}
+    shape = TrainConfig.from_dict({"samples": 8, "eval_fraction": 0.1, "lora": {"target_modules": ["c_attn"]}}).resume_shape()
+    assert set(shape) == {"model", "dataset", "seq_len", "seed", "eval_fraction", "chat_template", "lora.r",
+                          "lora.target_modules"}
     check_resumable(shape, shape, "checkpoint-4")
+    check_resumable(json.loads(json.dumps(shape)), shape, "checkpoint-4")  # as the hf manifest reads it back
     check_resumable({"model": shape["model"]}, {**shape, "seq_len": 128}, "checkpoint-4")  # recorded before seq_len was
     for name, other in [("dataset", "other.jsonl"), ("seed", 7), ("eval_fraction", 0.2), ("model", "gpt2")]:
         with pytest.raises(ConfigError, match=f"checkpoint-4 was made with {name}=.*this config has {name}=.*Restore {name}="):
             check_resumable(shape, {**shape, name: other}, "checkpoint-4")
 
+
+def test_a_resume_is_judged_on_the_lora_layers_the_checkpoint_has_and_not_on_alpha_or_dropout():
+    shape = TrainConfig.from_dict({"samples": 8}).resume_shape()
+    for lora in ({"alpha": 32.0}, {"dropout": 0.1}):
+        check_resumable(shape, TrainConfig.from_dict({"samples": 8, "lora": lora}).resume_shape(), "checkpoint-4")
+    for lora, name, values in [({"r": 4}, "lora.r", "8.*4"), ({"target_modules": ["c_attn"]}, "lora.target_modules",
+                                                             r"None.*\['c_attn'\]")]:
+        with pytest.raises(ConfigError, match=f"checkpoint-4 was made with {name}={values}: its adapter's LoRA layers "
+                                              f"do not fit this config's. Restore {name}="):
+            check_resumable(shape, TrainConfig.from_dict({"samples": 8, "lora": lora}).resume_shape(), "checkpoint-4")
 
 def test_rank_shares_cover_a_global_batch_exactly_once():
     for count in (0, 1, 7, 8, 9):
@@ -90,17 +106,15 @@ def test_rank_shares_cover_a_global_batch_exactly_once():
 
 
 def test_the_sample_stream_is_a_function_of_the_global_position():
-    stream = SampleStream(np.arange(1000), seq_len=10, seed=5)
+    stream = SampleStream(np.arange(1000), seq_len=10, seed=5, dataset="corpus.txt")
     assert len(stream) == 100
     whole = stream.batch(95, 10)  # crosses into the second epoch
     first, size = rank_share(95, 10, 1, 2)
     assert torch.equal(stream.batch(first, size), whole[5:])
-    assert torch.equal(SampleStream(np.arange(1000), 10, seed=5).batch(95, 10), whole)
+    assert torch.equal(SampleStream(np.arange(1000), 10, 5, "corpus.txt").batch(95, 10), whole)
     epoch0 = sorted(int(row[0]) for row in stream.batch(0, 100))
     assert epoch0 == list(range(0, 1000, 10))  # an epoch is a permutation of every chunk
     assert not torch.equal(stream.batch(0, 100), stream.batch(100, 100))  # reshuffled per epoch
-    with pytest.raises(ValueError, match="fewer than one sample of seq_len=64"):
-        SampleStream(np.arange(10), 64, 0)
 
 
 def test_the_learning_rate_warms_up_then_decays_to_zero_by_position():

@@ -233,3 +233,61 @@ def test_a_resume_under_another_seq_len_exits_2_and_keeps_the_checkpoint(uninter
     assert (f"the checkpoint of step 20 under {uri} was made with seq_len=32, and this config has seq_len=16: "
             "its position (samples consumed) would continue over other samples. Restore seq_len=32") in capsys.readouterr().err
     assert {path: path.read_bytes() for path in (uri / "checkpoints").rglob("*") if path.is_file()} == stored
+
+
+def test_a_resume_under_another_global_batch_goes_on_from_the_checkpoints_samples(tmp_path):
+    """The loop's position is samples_done (its data and its learning-rate schedule alike), not a step count:
+    a resume with another step batch continues at the sample after the checkpoint's, and progress counts true."""
+    checkpoints = {"keep": 3, "min_interval_s": 0, "max_interval_s": 0.001}  # one before every step: 18, 19, 20 kept
+    uri = tmp_path / "ckpt"
+    assert run_inline(write_config(tmp_path, checkpoint=checkpoints), uri)[0] == 0
+    for name in ("ckpt-000000019", "ckpt-000000020"):
+        shutil.rmtree(uri / "checkpoints" / name)
+    code, events = run_inline(write_config(tmp_path, checkpoint=checkpoints, global_batch_size=4, micro_batch_size=2), uri)
+    assert code == 0 and events[0]["event"] == "resumed" and events[0]["samples_done"] == 18 * 8
+    steps = [(e["step"], e["samples_done"]) for e in events if e["event"] == "step"]
+    assert steps == [(19, 148), (20, 152), (21, 156), (22, 160)]  # the 16 samples left, 4 a step
+    assert events[-1]["samples_done"] == 160 and json.loads((uri / "progress.json").read_text())["samples_done"] == 160
+
+
+@pytest.mark.parametrize("dataset, message", [
+    ("missing.txt", "is neither a builtin dataset nor an existing text file: give the path of a UTF-8 text file"),
+    ("short.txt", "has 7 tokens, fewer than one sample of seq_len=32: give seq_len <= 7 or a longer dataset"),
+    ("latin1.txt", "is not UTF-8 text"),
+])
+def test_a_dataset_that_cannot_give_one_sample_exits_2_naming_it_before_training(tmp_path, capsys, dataset, message):
+    (tmp_path / "short.txt").write_text("one two three")  # 7 tokens of the builtin tokenizer
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
+    path = str(tmp_path / dataset)
+    code, events = run_inline(write_config(tmp_path, dataset=path), tmp_path / "ckpt")
+    assert code == 2 and not [e for e in events if e["event"] in ("started", "step", "checkpoint")]
+    assert f"spotsched-train: dataset {path!r} {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lora, message", [
+    ({"r": 4}, "was made with lora.r=8, and this config has lora.r=4: its adapter's LoRA layers do not fit this "
+               "config's. Restore lora.r=8"),
+    ({"target_modules": ["c_attn"]}, "was made with lora.target_modules=None, and this config has "
+                                     "lora.target_modules=['c_attn']"),
+])
+def test_a_resume_under_other_lora_layers_exits_2_naming_the_field_and_keeps_the_checkpoint(
+        uninterrupted, tmp_path, capsys, lora, message):
+    uri = tmp_path / "ckpt"
+    shutil.copytree(uninterrupted[2], uri)
+    stored = {path: path.read_bytes() for path in (uri / "checkpoints").rglob("*") if path.is_file()}
+    code, events = run_inline(write_config(tmp_path, lora=lora), uri)
+    assert code == 2 and not [e for e in events if e["event"] in ("resumed", "step", "checkpoint")]
+    assert f"the checkpoint of step 20 under {uri} {message}" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in (uri / "checkpoints").rglob("*") if path.is_file()} == stored
+
+
+def test_a_checkpoint_made_before_the_lora_fields_were_recorded_is_still_refused_other_layers(
+        uninterrupted, tmp_path, capsys):
+    loaded = CheckpointStore(str(uninterrupted[2])).load_latest()
+    state = {key: value for key, value in loaded.state.items() if not key.startswith("lora.")}
+    uri = tmp_path / "ckpt"
+    CheckpointStore(str(uri)).save(state["step"], state, samples_done=state["samples_done"], world_size=1, kind="final")
+    code, _ = run_inline(write_config(tmp_path, lora={"r": 4}), uri)
+    assert code == 2
+    assert (f"the checkpoint of step 20 under {uri} has other LoRA layers than this config makes: restore the lora.r "
+            "and lora.target_modules it was made with") in capsys.readouterr().err

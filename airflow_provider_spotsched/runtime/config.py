@@ -36,6 +36,9 @@ LOOP_ONLY: dict[str, object] = {"global_batch_size": None, "micro_batch_size": N
 # What the sample stream is made of: which records or chunks a position (samples consumed) names, and their
 # tokens. A checkpoint records them, and a resume under other values is refused (check_resumable).
 DATA_SHAPE = ("model", "dataset", "seq_len", "seed", "eval_fraction", "chat_template")
+# The LoRA layers the adapter has: a checkpoint's weights and optimizer state fit only a config that makes the
+# same ones (lora.alpha and lora.dropout may change on resume). Recorded and judged like DATA_SHAPE.
+ADAPTER_SHAPE = ("lora.r", "lora.target_modules")
 
 
 class ConfigError(ValueError):
@@ -43,18 +46,22 @@ class ConfigError(ValueError):
 
 
 def check_resumable(saved: Mapping[str, Any], current: Mapping[str, Any], checkpoint: str) -> None:
-    """Refuse to resume ``checkpoint`` under :data:`DATA_SHAPE` values other than those it ``saved``.
+    """Refuse to resume ``checkpoint`` under :data:`DATA_SHAPE` or :data:`ADAPTER_SHAPE` values other than those
+    it ``saved``.
 
     Its position (samples consumed) would go on over other samples than it counted, silently: a job
-    that is neither config's. A field the checkpoint lacks (made before it was recorded) is not judged.
+    that is neither config's; or its adapter would not load into this config's LoRA layers (a crash
+    that every retry repeats). A field the checkpoint lacks (made before it was recorded) is not judged.
     The checkpoint is left as it is, to be resumed with its own values.
     """
     for name, value in current.items():
         if name in saved and saved[name] != value:
+            why = ("its adapter's LoRA layers do not fit this config's" if name in ADAPTER_SHAPE
+                   else "its position (samples consumed) would continue over other samples")
             raise ConfigError(
-                f"{checkpoint} was made with {name}={saved[name]!r}, and this config has {name}={value!r}: its "
-                f"position (samples consumed) would continue over other samples. Restore {name}={saved[name]!r} "
-                "to resume it, or give the job a new checkpoint URI to start over (this checkpoint is kept)")
+                f"{checkpoint} was made with {name}={saved[name]!r}, and this config has {name}={value!r}: {why}. "
+                f"Restore {name}={saved[name]!r} to resume it, or give the job a new checkpoint URI to start over "
+                "(this checkpoint is kept)")
 
 
 def _number(raw: Mapping[str, Any], name: str, default: float | None, *, minimum: float | None = None,
@@ -330,9 +337,12 @@ class TrainConfig:
         _reject_other_runtime(raw, runtime)  # after the values: a bad value is named as such first
         return config
 
-    def data_shape(self) -> dict[str, Any]:
-        """This config's :data:`DATA_SHAPE` fields, as a checkpoint records them."""
-        return {name: getattr(self, name) for name in DATA_SHAPE}
+    def resume_shape(self) -> dict[str, Any]:
+        """This config's :data:`DATA_SHAPE` and :data:`ADAPTER_SHAPE` fields, as a checkpoint records them
+        (JSON values: the hf runtime's manifest reads them back)."""
+        targets = self.lora.target_modules
+        return {**{name: getattr(self, name) for name in DATA_SHAPE},
+                "lora.r": self.lora.r, "lora.target_modules": list(targets) if targets else None}
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:

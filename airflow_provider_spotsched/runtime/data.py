@@ -15,26 +15,35 @@ from typing import Any
 import numpy as np
 import torch
 
-from airflow_provider_spotsched.runtime.config import BUILTIN_DATASET
+from airflow_provider_spotsched.runtime.config import BUILTIN_DATASET, ConfigError
 
 TEXT_DIR = Path(__file__).resolve().parent.parent / "data" / "text"
 BUILTIN_DATASETS = {BUILTIN_DATASET: TEXT_DIR / "synthetic_stories.txt"}
 
 
 def dataset_path(dataset: str) -> Path:
-    """The text file behind a dataset name: a builtin name or a path to a UTF-8 text file."""
+    """The text file behind a dataset name: a builtin name or a path to a UTF-8 text file.
+
+    A name that is neither is a ConfigError (exit 2): every retry of the job would fail the same way.
+    """
     if dataset.startswith("builtin:"):
         if dataset not in BUILTIN_DATASETS:
-            raise ValueError(f"dataset {dataset!r} is not a builtin dataset; builtin: {sorted(BUILTIN_DATASETS)}")
+            raise ConfigError(f"dataset {dataset!r} is not a builtin dataset of runtime 'loop'; builtin: "
+                              f"{sorted(BUILTIN_DATASETS)}")
         return BUILTIN_DATASETS[dataset]
     path = Path(dataset).expanduser()
     if not path.is_file():
-        raise ValueError(f"dataset {dataset!r} is neither a builtin dataset nor an existing text file")
+        raise ConfigError(f"dataset {dataset!r} is neither a builtin dataset nor an existing text file: give the path "
+                          f"of a UTF-8 text file on the training machine, or one of {sorted(BUILTIN_DATASETS)}")
     return path
 
 
 def load_text(dataset: str) -> str:
-    return dataset_path(dataset).read_text(encoding="utf-8")
+    path = dataset_path(dataset)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"dataset {dataset!r} is not UTF-8 text ({error}): give a UTF-8 text file") from None
 
 
 def rank_share(start: int, count: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -51,22 +60,23 @@ def rank_share(start: int, count: int, rank: int, world_size: int) -> tuple[int,
 class SampleStream:
     """Fixed-length samples of a tokenised text, in a seeded order that is a function of the index."""
 
-    def __init__(self, token_ids: list[int] | np.ndarray, seq_len: int, seed: int) -> None:
+    def __init__(self, token_ids: list[int] | np.ndarray, seq_len: int, seed: int, dataset: str) -> None:
+        """``dataset``: the config's name for the text, for the refusal of one too short to name."""
         tokens = np.asarray(token_ids, dtype=np.int64)
         num_chunks = len(tokens) // seq_len
-        if num_chunks < 1:
-            raise ValueError(
-                f"the dataset has {len(tokens)} tokens, fewer than one sample of seq_len={seq_len}: "
-                "use a longer text or a smaller seq_len"
+        if num_chunks < 1:  # a ConfigError (exit 2): every retry would tokenise the same too-short text
+            raise ConfigError(
+                f"dataset {dataset!r} has {len(tokens)} tokens, fewer than one sample of seq_len={seq_len}: "
+                f"give seq_len <= {len(tokens)} or a longer dataset"
             )
         self.chunks = tokens[: num_chunks * seq_len].reshape(num_chunks, seq_len)
         self.seed = seed
         self._orders: dict[int, np.ndarray] = {}
 
     @classmethod
-    def from_text(cls, text: str, tokenizer: Any, seq_len: int, seed: int) -> SampleStream:
+    def from_text(cls, text: str, tokenizer: Any, seq_len: int, seed: int, dataset: str) -> SampleStream:
         ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-        return cls(ids, seq_len, seed)
+        return cls(ids, seq_len, seed, dataset)
 
     def __len__(self) -> int:
         """Samples per epoch."""

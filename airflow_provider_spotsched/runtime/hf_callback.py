@@ -87,12 +87,16 @@ class SpotCallback(TrainerCallback):
                  notice: NoticeSource | None = None, notice_poll_s: float = DEFAULT_POLL_S,
                  emit: Callable[..., None] | None = None, stop: StopFlag | None = None,
                  staging_dir: Path | None = None, guard: GuardSettings | None = None,
-                 data_shape: Mapping[str, Any] | None = None) -> None:
+                 resume_shape: Mapping[str, Any] | None = None, step_batch: Mapping[str, int] | None = None) -> None:
         """``stop``: a flag the caller's own SIGTERM handler already sets (a stop during start-up counts);
         ``staging_dir``: the local disk for an object-store URI's checkpoints (default: ``$SPOTSCHED_STAGING_DIR``);
         ``guard``: roll back to the newest checkpoint on a diverging loss (:mod:`.guard`); None: no guard;
-        ``data_shape``: what makes the sample stream (the runtime's :meth:`.TrainConfig.data_shape`), recorded
-        in every manifest: a resume from a checkpoint made with other values is refused (a ConfigError)."""
+        ``resume_shape``: what makes the sample stream and the adapter's layers (the runtime's
+        :meth:`.TrainConfig.resume_shape`), recorded in every manifest: a resume from a checkpoint made with
+        other values is refused (a ConfigError);
+        ``step_batch``: the settings whose product is a step's samples, with their values, as the caller's users
+        set them (the runtime's batch_size and gradient_accumulation_steps), for the refusal of a resume under
+        another step batch to name; by default the TrainingArguments' (:func:`global_batch`)."""
         if notice_poll_s <= 0:
             raise ValueError(f"notice_poll_s must be > 0, got {notice_poll_s!r}")
         self.mirror: CheckpointMirror | None = None
@@ -126,7 +130,9 @@ class SpotCallback(TrainerCallback):
         self.rollbacks = 0
         self.lr_scale = 1.0  # the learning rate's factor after rollbacks (lr_backoff per rollback)
         self._lr_factor_due = 1.0  # still to apply to the optimizer and scheduler loaded on resume
-        self.data_shape = dict(data_shape or {})
+        self.resume_shape = dict(resume_shape or {})
+        self.step_batch = dict(step_batch) if step_batch else None
+        self._batch_fields: dict[str, int] = {}  # the settings that make _global_batch, named in a refusal
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, checkpoint_uri: str | None = None) -> SpotCallback:
@@ -192,8 +198,9 @@ class SpotCallback(TrainerCallback):
         self.checkpointed_step = step or 0
         saved = json.loads((chosen / MANIFEST).read_text()) if chosen else {}
         if chosen is not None:
-            check_resumable(saved.get("data_shape", {}), self.data_shape,
+            check_resumable(saved.get("resume_shape", {}), self.resume_shape,
                             f"checkpoint {chosen.name} under {self.checkpoint_uri}")
+            self.check_step_batch(saved, f"checkpoint {chosen.name} under {self.checkpoint_uri}")
         self.rollbacks = max(self.rollbacks, int(saved.get("rollbacks", 0)))
         saved_scale = float(saved.get("lr_scale", 1.0))  # what the checkpoint's scheduler state already has
         self.lr_scale = saved_scale if lr_scale is None else lr_scale
@@ -201,6 +208,22 @@ class SpotCallback(TrainerCallback):
         self.emit("resumed", checkpoint=chosen.name if chosen else None, step=self.checkpointed_step,
                   skipped=skipped)
         return str(chosen) if chosen else None
+
+    def check_step_batch(self, saved: Mapping[str, Any], checkpoint: str) -> None:
+        """Refuse to resume ``checkpoint`` under another step batch than it was made with (its manifest's
+        ``samples_done`` / ``step``): the Trainer resumes at optimizer step k and skips k of this run's batches,
+        so k x the new batch would be counted done (and billed, and planned on) where k x the old one were
+        consumed, and training would go on over other samples. Not judged before :meth:`train` knows the batch."""
+        step, done = int(saved.get("step", 0)), int(saved.get("samples_done", 0))
+        if not step or not self._global_batch or done == step * self._global_batch:
+            return
+        names = " x ".join(self._batch_fields)
+        values = " x ".join(f"{name}={value}" for name, value in self._batch_fields.items())
+        raise ConfigError(
+            f"{checkpoint} was made with {done // step} samples per optimizer step ({names}), and this run's step "
+            f"takes {self._global_batch} ({values}): resumed at step {step}, it would count {step * self._global_batch} "
+            f"samples done where {done} were, and go on over other samples. Make {names} {done // step} again to "
+            "resume it, or give the job a new checkpoint URI to start over (this checkpoint is kept)")
 
     # -- the Trainer's events ------------------------------------------------------------------
 
@@ -270,7 +293,7 @@ class SpotCallback(TrainerCallback):
             directory = self.output_dir / f"checkpoint-{step}"
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
                            world_size=args.world_size, kind=kind, rollbacks=self.rollbacks, lr_scale=self.lr_scale,
-                           data_shape=self.data_shape)
+                           resume_shape=self.resume_shape)
             prune(self.output_dir, self.keep, warn)
             if self.mirror is not None:  # inside the save's time, so the Young/Daly interval counts it
                 self.mirror.upload(directory)
@@ -350,6 +373,10 @@ class SpotCallback(TrainerCallback):
         use_global_order(trainer)
         trainer.add_callback(self)
         leader = trainer.is_world_process_zero()
+        self._global_batch = global_batch(trainer.args)  # what the checkpoint resumed must have been made with
+        self._batch_fields = self.step_batch or {
+            "per_device_train_batch_size": trainer.args.per_device_train_batch_size,
+            "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps, "world_size": trainer.args.world_size}
         resume = self.resume_checkpoint(leader)
         # the checkpoint of the job's last step, when that is where it resumes: nothing is left to train
         finished = resume if resume is not None and 0 < trainer.args.max_steps <= self.checkpointed_step else None
@@ -385,7 +412,6 @@ class SpotCallback(TrainerCallback):
         trainer._load_from_checkpoint(checkpoint)  # what train(resume_from_checkpoint=...) loads first
         trainer.state.max_steps, trainer.state.global_step = trainer.args.max_steps, self.checkpointed_step
         trainer.state.is_world_process_zero = leader
-        self._global_batch = global_batch(trainer.args)
         self.loss = read_progress(self.checkpoint_uri).loss
 
     def roll_back(self, leader: bool) -> str:

@@ -223,6 +223,7 @@ def build_trainer(config: TrainConfig, output_dir: str, stop: StopFlag) -> Any:
 def run(config: TrainConfig, checkpoint_uri: str, stop: StopFlag, notice: NoticeSource | None,
         notice_poll_s: float) -> int:
     """Train the job to the end (0) or to a stop (75); raises on failure."""
+    step_batch = {"batch_size": config.batch_size, "gradient_accumulation_steps": config.gradient_accumulation_steps}
     spot = SpotCallback(checkpoint_uri, config.checkpoint, notice, notice_poll_s, stop=stop, guard=config.guard,
-                        data_shape=config.data_shape())
+                        resume_shape=config.resume_shape(), step_batch=step_batch)
     return spot.train(build_trainer(config, str(spot.output_dir), stop))

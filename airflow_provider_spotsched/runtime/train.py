@@ -124,12 +124,13 @@ class Trainer:
         torch.manual_seed(config.seed)  # LoRA's initialisation: identical on every rank
         random.seed(config.seed)
         np.random.seed(config.seed)
+        text = load_text(config.dataset)  # a missing dataset is refused before the model loads
         base, self.tokenizer = load_model_and_tokenizer(config.model)
         check_seq_len(base, config.seq_len)
         self.model = wrap_lora(base, config.lora, config.model).to(self.workers.device)
         self.model.train()
         self.trainable = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
-        self.stream = SampleStream.from_text(load_text(config.dataset), self.tokenizer, config.seq_len, config.seed)
+        self.stream = SampleStream.from_text(text, self.tokenizer, config.seq_len, config.seed, config.dataset)
         self.optimizer = torch.optim.AdamW([p for _, p in self.trainable], lr=config.lr,
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -140,7 +141,7 @@ class Trainer:
         return {
             "format": STATE_FORMAT, "step": self.step, "samples_done": self.samples_done,
             "samples_total": self.config.samples, "world_size": self.workers.world_size,
-            **self.config.data_shape(),
+            **self.config.resume_shape(),
             "trainable": {name: p.detach().cpu().clone() for name, p in self.trainable},
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(), "losses": self.losses[-LOSS_HISTORY:], "lr_scale": self.lr_scale,
@@ -148,19 +149,22 @@ class Trainer:
         }
 
     def apply_state(self, state: dict[str, Any]) -> None:
-        check_resumable(state, self.config.data_shape(), f"the checkpoint of step {state['step']} under {self.store.uri}")
+        check_resumable(state, self.config.resume_shape(), f"the checkpoint of step {state['step']} under {self.store.uri}")
         if state["samples_total"] != self.config.samples:
             raise ConfigError(
                 f"the checkpoint under {self.store.uri} belongs to a job with samples={state['samples_total']!r}, "
                 f"this config has {self.config.samples!r}: use a fresh checkpoint URI or the original config"
             )
-        names = [name for name, _ in self.trainable]
-        if sorted(names) != sorted(state["trainable"]):
-            raise ValueError(
-                "the checkpoint's adapter does not match this model's LoRA layers (lora settings changed?)")
+        saved = state["trainable"]
+        if sorted(saved) != sorted(name for name, _ in self.trainable) or any(
+                saved[name].shape != parameter.shape for name, parameter in self.trainable):  # made before the record
+            raise ConfigError(
+                f"the checkpoint of step {state['step']} under {self.store.uri} has other LoRA layers than this "
+                "config makes: restore the lora.r and lora.target_modules it was made with to resume it, or give "
+                "the job a new checkpoint URI to start over (this checkpoint is kept)")
         with torch.no_grad():
             for name, parameter in self.trainable:
-                parameter.copy_(state["trainable"][name].to(parameter.device))
+                parameter.copy_(saved[name].to(parameter.device))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
