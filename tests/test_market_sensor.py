@@ -195,3 +195,26 @@ def test_a_watched_pool_without_ticks_counts_as_unavailable_and_no_data_waits_fo
     # a market with no evidence at all (the replay runs past the trace's end): wait, then on demand
     late = first_payload(trigger(trace, {"price_below": 2.0}, timeout_s=0.5, start=T0 + timedelta(days=10)))
     assert late["reason"] == "timeout" and late["fallback"] == "on-demand"
+
+
+@pytest.mark.parametrize("job", ["{{ params.job | tojson }}", {**JOB, "work": "{{ params.work }}", "max_instances": "{{ params.n }}"}])
+def test_a_job_that_a_template_renders_to_text_is_read_back_as_the_job(job):
+    """Airflow renders templates to text by default: the whole job as JSON, or numbers inside it."""
+    from airflow.sdk import DAG
+
+    with DAG("templated_job", schedule=None, start_date=datetime(2025, 1, 1)):
+        sensor = SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], job=job)
+    sensor.render_template_fields({"params": {"job": JOB, "work": 400, "n": 2}})
+    conditions = sensor.trigger(datetime.now(timezone.utc)).conditions
+    assert conditions["job"] == JOB and isinstance(conditions["job"]["max_instances"], int)
+
+
+@pytest.mark.parametrize(("job", "message"), [
+    ("{'work': 400.0}", r"job=.*neither a dict nor JSON text of an object.*\| tojson"),
+    ({**JOB, "work": "lots"}, r"job.work='lots' is not a number"),
+    ({**JOB, "max_instances": "2.5"}, r"job.max_instances='2.5' is not an integer"),
+])
+def test_a_job_rendered_to_other_text_is_refused_naming_the_field(job, message):
+    sensor = SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], job=job)
+    with pytest.raises(ValueError, match=message):
+        sensor.trigger(datetime.now(timezone.utc))

@@ -1,1 +1,1 @@
-"""Hooks: build compute backends and market feeds from Airflow connections."""
+"""Hooks: build compute backends and market feeds from Airflow connections, and read templated arguments back."""

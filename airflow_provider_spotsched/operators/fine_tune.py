@@ -48,6 +48,7 @@ from airflow_provider_spotsched.execution.wake import Wait
 from airflow_provider_spotsched.forecast import FORECASTERS, LIVE_FORECASTERS
 from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, build_backend, build_environment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.hooks.rendered import rendered_number, rendered_object
 from airflow_provider_spotsched.links.report import SpotRunReportLink
 from airflow_provider_spotsched.market.slots import cloud_region, pool_names
 from airflow_provider_spotsched.market.source import MarketSource
@@ -86,43 +87,12 @@ def default_forecaster() -> str:
     return "auto" if "auto" in FORECASTERS else "seasonal-naive"
 
 
-def rendered_number(name: str, value: Any, integer: bool = False) -> Any:
-    """A templated number as a number: a rendered template is text ("4") unless the DAG renders
-    native objects; anything else is returned as given, for the job's own checks."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return int(value) if integer else float(value)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise JobError(f"{name}={value!r} is not {kind}; check the template or XCom that gives it") from None
-
-
 def step_count(name: str, value: Any) -> int:
     """``steps`` or ``batch_size``: a whole number >= 1 (a negative pair would multiply to a size)."""
     count = as_count(name, value)
     if count < 1:
         raise JobError(f"{name}={value!r}: must be >= 1; give a whole number")
     return count
-
-
-def rendered_object(name: str, value: Any) -> dict[str, Any] | None:
-    """A templated dict as a dict: a template renders to JSON text (``| tojson``) unless the DAG
-    renders native objects; ``None`` or empty text is ``None``."""
-    if value is None or value == "":
-        return None
-    parsed = value
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            pass
-    if not isinstance(parsed, Mapping):
-        raise JobError(
-            f"{name}={shown(value)}: neither a dict nor JSON text of an object; give a dict, or render it with "
-            "| tojson (or set render_template_as_native_obj=True on the DAG)"
-        )
-    return dict(parsed)
 
 
 def max_instances_limit() -> int:

@@ -26,9 +26,10 @@ from airflow.sdk import BaseOperator
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
 from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, slot_market_at
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.hooks.rendered import rendered_object
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp
-from airflow_provider_spotsched.operators.fine_tune import max_instances_limit, new_job_id, rendered_object
+from airflow_provider_spotsched.operators.fine_tune import max_instances_limit, new_job_id
 from airflow_provider_spotsched.operators.forecast import forecast_instant
 from airflow_provider_spotsched.scheduling.model import Job, JobError, as_number, check_field, shown
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig

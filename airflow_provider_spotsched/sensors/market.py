@@ -21,6 +21,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.hooks.rendered import rendered_job, rendered_number
 from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
 from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
@@ -38,7 +39,8 @@ class SpotMarketSensor(BaseSensorOperator):
     :param min_available: n: in some pool P(available >= n) >= ``min_probability`` in each of the
         next ``hours_ahead`` hours, by ``forecaster``.
     :param job: the spec's job fields: the scheduler (``policy``, default ``"chc"``), started
-        now on this job, runs its first slot on spot.
+        now on this job, runs its first slot on spot. A dict, or its JSON text (a template
+        rendered with ``| tojson``); numbers rendered to text inside it are read as numbers.
 
     The market and the wait:
 
@@ -104,13 +106,14 @@ class SpotMarketSensor(BaseSensorOperator):
 
     def trigger(self, now: datetime) -> SpotMarketTrigger:
         """The trigger for a wait starting at ``now``; its timeout is the absolute ``now + timeout``."""
+        price, count = self.price_below, self.min_available  # templated: text unless the DAG renders native objects
         conditions = StartConditions(
-            price_below=float(self.price_below) if self.price_below not in (None, "") else None,
-            min_available=int(self.min_available) if self.min_available not in (None, "") else None,
+            price_below=None if price in (None, "") else rendered_number("price_below", price),
+            min_available=None if count in (None, "") else rendered_number("min_available", count, integer=True),
             min_probability=self.min_probability,
             hours_ahead=self.hours_ahead,
             forecaster=self.forecaster,
-            job=dict(self.job) if self.job else None,
+            job=rendered_job("job", self.job),
             policy=self.policy,
             policy_params=dict(self.policy_params or {}),
         )
