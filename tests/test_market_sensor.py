@@ -218,3 +218,21 @@ def test_a_job_rendered_to_other_text_is_refused_naming_the_field(job, message):
     sensor = SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], job=job)
     with pytest.raises(ValueError, match=message):
         sensor.trigger(datetime.now(timezone.utc))
+
+
+@pytest.mark.parametrize("flag", ["soft_fail", "never_fail", None])
+def test_a_failed_wait_in_the_worker_is_skipped_under_soft_fail_as_a_failed_trigger_is(tmp_path, flag):
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    missing = {"kind": "trace", "options": {"path": str(tmp_path / "missing.csv")}}
+    flags = {flag: True} if flag else {}
+    sensor = SpotMarketSensor(task_id="wait", market=missing, pools=["pool-a"], price_below=2.0, deferrable=False, **flags)
+    with pytest.raises(AirflowSkipException if flag else ValueError, match="missing.csv"):
+        sensor.execute({})
+
+
+def test_reschedule_mode_without_deferral_is_refused_naming_both_parameters():
+    """The wait in the worker is one loop that cannot give the worker back between observations."""
+    with pytest.raises(ValueError, match=r"mode='reschedule' with deferrable=False.*deferrable=True.*mode='poke'"):
+        SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, deferrable=False, mode="reschedule")
+    SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, mode="reschedule")  # defers: no slot held

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowSkipException, AirflowTaskTimeout
 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.hooks.rendered import rendered_job, rendered_number
@@ -50,7 +51,9 @@ class SpotMarketSensor(BaseSensorOperator):
     :param poke_interval: seconds between market observations (default 300).
     :param market_start: for a replayed trace: the trace instant the replay starts from; with
         ``seconds_per_slot`` wall-clock seconds per slot (demos and tests). ``None``: live time.
-    :param deferrable: wait in the triggerer (default); ``False`` runs the same loop in the worker.
+    :param deferrable: wait in the triggerer (default); ``False`` runs the same loop in the worker,
+        ``mode="poke"`` only, and a failed wait is skipped under ``soft_fail``/``never_fail`` as a
+        failed trigger is.
     """
 
     template_fields: Sequence[str] = ("pools", "price_below", "min_available", "job", "market_start")
@@ -79,6 +82,11 @@ class SpotMarketSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(timeout=timeout, poke_interval=poke_interval, **kwargs)
+        if self.reschedule and not deferrable:
+            raise ValueError(
+                "mode='reschedule' with deferrable=False: the wait runs in the worker and would hold it to the end; "
+                "use deferrable=True (the wait holds no worker slot) or mode='poke'"
+            )
         if (market_start is None) != (seconds_per_slot is None):
             raise ValueError("market_start and seconds_per_slot go together (a replayed trace); give both or neither")
         self.market = MarketSpec.coerce(market)
@@ -94,7 +102,14 @@ class SpotMarketSensor(BaseSensorOperator):
         trigger = self.trigger(datetime.now(timezone.utc))
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
-        return self.execute_complete(context, asyncio.run(first_event(trigger)))
+        try:
+            event = asyncio.run(first_event(trigger))
+        except (Exception, AirflowTaskTimeout) as error:
+            # as a failed trigger resumes a deferred sensor (BaseSensorOperator.resume_execution)
+            if self.soft_fail or self.never_fail:
+                raise AirflowSkipException(f"Skipping: the market wait failed ({type(error).__name__}: {error})") from error
+            raise
+        return self.execute_complete(context, event)
 
     def execute_complete(self, context: Any, event: Mapping[str, Any]) -> dict[str, Any]:
         """The trigger's event is the result: why to start, and on what."""
