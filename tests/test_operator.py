@@ -373,6 +373,27 @@ def test_a_trigger_whose_status_calls_keep_failing_wakes_the_task_instead_of_fai
     op.on_kill()
 
 
+def test_a_failed_status_call_past_the_boundary_wakes_the_task_at_the_boundary_at_once(tmp_path, monkeypatch):
+    """The boundary needs no status call: past it (a triggerer restarted late), a throttled call
+    is not retried at once until the failures run out, and the task wakes at its boundary."""
+    calls = []
+
+    def throttled(self, job):
+        calls.append(job.job_id)
+        raise OSError("Request limit exceeded")
+
+    monkeypatch.setattr(LocalBackend, "status", throttled)
+    trigger = SpotJobTrigger(
+        backend={"name": "local", "conn_id": None, "options": {"workdir": str(tmp_path)}},
+        job={"job_id": "j-1", "command": ["python", "train.py"], "checkpoint_uri": str(tmp_path / "c"), "pools": ["a"], "env": {}},
+        boundary=(datetime.now(timezone.utc) - timedelta(seconds=1)).isoformat(),
+        poll_interval=60.0,
+    )
+    event = first_payload(trigger)
+    assert event["reason"] == "boundary" and "Request limit exceeded" in event["error"]
+    assert calls == ["j-1"]
+
+
 def test_a_failed_trigger_releases_the_jobs_instances_before_the_task_fails(tmp_path):
     context = TaskContext(TaskStateStore())
     op = operator(tmp_path, worker={"samples": 10_000})

@@ -9,7 +9,9 @@ failures already known), so a triggerer that restarts rebuilds it from :meth:`Sp
 on waiting for the same boundary. The event carries what the operator needs to resume: the
 reason, the instant and the job's status. A status call that fails is retried at the next poll;
 after :data:`STATUS_FAILURES_TO_WAKE` in a row the task is woken with reason ``error`` (and the
-error), never left to fail with its instances running.
+error), never left to fail with its instances running. Once the boundary has passed, a failed
+call wakes the task with reason ``boundary`` (and the error) at once: the boundary does not
+depend on the status, and the woken step reads the status itself.
 
 No event comes before ``not_before``: Airflow 3.3 fails a task resumed before the scheduler has
 read the executor's report of the worker that deferred it (a stale success for a task that is
@@ -27,7 +29,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_spotsched.backends.base import TrainingJob
-from airflow_provider_spotsched.execution.wake import wake_reason
+from airflow_provider_spotsched.execution.wake import BOUNDARY, wake_reason
 
 STATUS_FAILURES_TO_WAKE = 5
 """Failed status calls in a row after which the trigger wakes the task (reason ``error``) instead
@@ -97,15 +99,17 @@ class SpotJobTrigger(BaseTrigger):
                 status = await asyncio.to_thread(backend.status, job)
             except Exception as error:  # a throttled or dropped call: the instances run on, so ask again
                 failures += 1
+                now = datetime.now(timezone.utc)
                 self.log.warning("status of job %s failed (%d in a row): %s", job.job_id, failures, error)
-                reason = "error" if failures >= STATUS_FAILURES_TO_WAKE else None
+                # the boundary needs no status (the woken step reads it): past it, retrying at once would
+                # only burn the failures allowed and wake the task with "error" instead
+                reason = "error" if failures >= STATUS_FAILURES_TO_WAKE else BOUNDARY if now >= boundary else None
                 payload = {"error": f"{type(error).__name__}: {error}"}
             else:
                 failures = 0
-                reason = wake_reason(status, datetime.now(timezone.utc), boundary, self.known_preemptions,
-                                     self.known_failures)
+                now = datetime.now(timezone.utc)
+                reason = wake_reason(status, now, boundary, self.known_preemptions, self.known_failures)
                 payload = {"status": status.to_dict()}
-            now = datetime.now(timezone.utc)
             until = boundary
             if reason is not None:
                 if not_before is None or now >= not_before:
