@@ -236,3 +236,13 @@ def test_reschedule_mode_without_deferral_is_refused_naming_both_parameters():
     with pytest.raises(ValueError, match=r"mode='reschedule' with deferrable=False.*deferrable=True.*mode='poke'"):
         SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, deferrable=False, mode="reschedule")
     SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, mode="reschedule")  # defers: no slot held
+
+
+def test_less_history_than_a_slot_is_refused_before_the_wait_naming_both_fields(tmp_path):
+    """Not in run(), in the triggerer, after the task deferred."""
+    message = r"history_hours >= slot_hours, got 2.0 and 1.0"
+    with pytest.raises(ValueError, match=message):
+        SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, slot_hours=2.0, history_hours=1.0)
+    with pytest.raises(ValueError, match=message):
+        SpotMarketTrigger(market={"kind": "trace", "options": {"path": "gcp"}}, pools=["us-east4-a"], conditions={"price_below": 2.0},
+                          timeout_at=datetime.now(timezone.utc).isoformat(), slot_hours=2.0, history_hours=1.0)

@@ -23,6 +23,7 @@ from airflow.sdk.exceptions import AirflowSkipException, AirflowTaskTimeout
 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.hooks.rendered import rendered_job, rendered_number
+from airflow_provider_spotsched.market.feed import LiveMarketFeed
 from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
 from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
@@ -49,6 +50,9 @@ class SpotMarketSensor(BaseSensorOperator):
     :param pools: the spot pools to watch.
     :param timeout: how long to wait before falling back to on-demand (default 6 hours).
     :param poke_interval: seconds between market observations (default 300).
+    :param slot_hours: slot length in hours (default 1).
+    :param history_hours: hours of market history read at each observation, at least one slot
+        (default 72).
     :param market_start: for a replayed trace: the trace instant the replay starts from; with
         ``seconds_per_slot`` wall-clock seconds per slot (demos and tests). ``None``: live time.
     :param deferrable: wait in the triggerer (default); ``False`` runs the same loop in the worker,
@@ -95,6 +99,7 @@ class SpotMarketSensor(BaseSensorOperator):
         self.hours_ahead, self.forecaster = hours_ahead, forecaster
         self.job, self.policy, self.policy_params = job, policy, policy_params
         self.slot_hours, self.history_hours = float(slot_hours), float(history_hours)
+        LiveMarketFeed(self.market, self.slot_hours, self.history_hours)  # refuses history_hours < slot_hours at parse time
         self.market_start, self.seconds_per_slot = market_start, seconds_per_slot
         self.deferrable = deferrable
 

@@ -153,6 +153,8 @@ class SpotMarketTrigger(BaseTrigger):
         self.replay = dict(replay) if replay else None
         if self.replay is not None:
             ReplayClock.from_dict(self.replay)
+        # refuses history_hours < slot_hours here, before the task defers, not in run() in the triggerer
+        LiveMarketFeed(MarketSpec.from_dict(self.market), self.slot_hours, self.history_hours)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
