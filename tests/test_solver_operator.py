@@ -95,6 +95,8 @@ def test_the_job_and_policy_params_rendered_to_json_text_are_read_as_dicts():
     given, _ = solve(job=JOB, pools=POOLS, at=AT, policy_params={"window": 4})
     assert solve(job=json.dumps(JOB), pools=POOLS, at=AT, policy_params='{"window": 4}')[0] == given
     assert given["policy"].startswith("chc(window=4,")
+    as_text = {key: str(value) if isinstance(value, (int, float)) else value for key, value in JOB.items()}
+    assert solve(job=as_text, pools=POOLS, at=AT, policy_params={"window": 4})[0] == given  # {"work": "{{ params.work }}"}
 
 
 @pytest.mark.parametrize("name", ["job", "policy_params"])

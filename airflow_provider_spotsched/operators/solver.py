@@ -26,7 +26,7 @@ from airflow.sdk import BaseOperator
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
 from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, slot_market_at
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
-from airflow_provider_spotsched.hooks.rendered import rendered_object
+from airflow_provider_spotsched.hooks.rendered import rendered_job, rendered_object
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp
 from airflow_provider_spotsched.operators.fine_tune import max_instances_limit, new_job_id
@@ -114,7 +114,7 @@ class SpotAllocationSolverOperator(BaseOperator):
         return {"slot": record.slot, "allocation": record.allocation, "plan": plan, "policy": run.policy_label}
 
     def _start(self, context: Any, at: datetime) -> OnlineRun:
-        fields = rendered_object("job", self.job)
+        fields = rendered_job("job", self.job)
         if not fields or not self.pools:
             raise JobError("give job (the spec's job fields) and pools to start a run, or run_state to continue one")
         job = Job.from_dict({**fields, "slot_hours": fields.get("slot_hours", self.slot_hours)})
