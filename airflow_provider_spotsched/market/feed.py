@@ -50,7 +50,8 @@ class LiveMarketFeed(MarketFeed):
     def __init__(self, source: MarketSource, slot_hours: float = 1.0, history_hours: float = 48.0) -> None:
         if not slot_hours > 0 or not history_hours >= slot_hours:
             raise ValueError(
-                f"slot_hours must be > 0 and history_hours >= slot_hours, got {slot_hours!r} and {history_hours!r}"
+                f"slot_hours must be > 0 and history_hours >= slot_hours, got {slot_hours!r} and {history_hours!r}; "
+                "read at least one slot of history (e.g. history_hours=48)"
             )
         self.source, self.slot_hours, self.history_hours = source, float(slot_hours), float(history_hours)
 
