@@ -11,6 +11,7 @@ import torch
 
 from airflow_provider_spotsched.runtime import checkpoint as checkpoint_module
 from airflow_provider_spotsched.runtime.checkpoint import CheckpointStore
+from airflow_provider_spotsched.runtime.contract import Progress, read_progress, write_progress
 
 
 def state(step: int) -> dict:
@@ -308,7 +309,7 @@ def partial(store: CheckpointStore, step: int) -> None:
     store.write_bytes(f"checkpoints/ckpt-{step:09d}/state.pt", b"payload without a manifest")
 
 
-def test_pruning_removes_a_partial_checkpoint_only_when_a_newer_valid_one_exists(tmp_path):
+def test_pruning_removes_a_partial_checkpoint_only_when_a_valid_one_of_a_higher_step_exists(tmp_path):
     messages: list[str] = []
     store = CheckpointStore(str(tmp_path), keep=3, log=messages.append)
     store.save(1, state(1))
@@ -318,7 +319,7 @@ def test_pruning_removes_a_partial_checkpoint_only_when_a_newer_valid_one_exists
     store.prune()
     assert store.names() == ["ckpt-000000004", "ckpt-000000003", "ckpt-000000001"]
     assert messages == ["checkpoint ckpt-000000002 removed: no manifest (partial checkpoint: its writer stopped "
-                        "before finishing), older than the newest valid checkpoint ckpt-000000003"]
+                        "before finishing), older than the best valid checkpoint ckpt-000000003"]
 
 
 def test_pruning_logs_every_checkpoint_it_removes(tmp_path):
@@ -326,7 +327,7 @@ def test_pruning_logs_every_checkpoint_it_removes(tmp_path):
     store = CheckpointStore(str(tmp_path), keep=2, log=messages.append)
     for step in (1, 2, 3):
         store.save(step, state(step))
-    assert messages == ["checkpoint ckpt-000000001 removed: older than the 2 newest valid checkpoints"]
+    assert messages == ["checkpoint ckpt-000000001 removed: ranked below the 2 valid checkpoints with the most samples done"]
 
 
 def test_cleaning_leaves_a_partial_checkpoint_that_may_still_be_being_written(tmp_path):
@@ -342,7 +343,7 @@ def test_cleaning_leaves_a_partial_checkpoint_that_may_still_be_being_written(tm
     assert store.names() == ["ckpt-000000004", "ckpt-000000003"]
     assert messages == [
         f"checkpoint ckpt-00000000{step} removed: no manifest (partial checkpoint: its writer stopped "
-        "before finishing), older than the newest valid checkpoint ckpt-000000003" for step in (1, 2)]
+        "before finishing), older than the best valid checkpoint ckpt-000000003" for step in (1, 2)]
 
 
 def test_a_restart_after_the_two_newest_checkpoints_went_bad_resumes_from_the_last_valid_one(tmp_path):
@@ -368,3 +369,50 @@ def test_a_restart_after_the_two_newest_checkpoints_went_bad_resumes_from_the_la
     ]
     store.save(3, state(3))  # training goes on from step 2
     assert store.names() == ["ckpt-000000003", "ckpt-000000002"]
+
+
+def test_a_stale_generations_emergency_save_of_a_higher_step_never_prunes_the_checkpoint_with_more_samples(
+        tmp_path, monkeypatch):
+    """Two generations overlap: the released one (world 1, 8 samples a step) saves step 110 (880 samples) after
+    the next one (world 4, 32 a step) resumed from step 100; the new generation's step 105 is 960 samples."""
+    uri = str(tmp_path)
+    old, new = CheckpointStore(uri, keep=1), CheckpointStore(uri, keep=1)
+    monkeypatch.setenv("SPOTSCHED_GENERATION", "3")
+    old.save(100, state(100), samples_done=800, world_size=1)
+    assert new.load_latest().name == "ckpt-000000100"
+    old.save(110, state(110), samples_done=880, world_size=1, kind="emergency")
+    monkeypatch.setenv("SPOTSCHED_GENERATION", "4")
+    name = new.save(105, state(105), samples_done=960, world_size=4)
+    write_progress(uri, Progress(samples_done=960, step=105, checkpoint=name, status="running"))
+    assert new.names() == ["ckpt-000000105"] == [read_progress(uri).checkpoint]
+    loaded = new.load_latest()
+    assert loaded.name == name and loaded.state["step"] == 105 and loaded.skipped == ()
+    assert manifest_of(tmp_path / "checkpoints" / name)["generation"] == "4"
+
+
+def test_the_resume_takes_the_checkpoint_with_the_most_samples_done_whatever_its_step(tmp_path):
+    """Ties go to the higher step; a corrupt best one gives way to the next by samples done, not by step."""
+    store = CheckpointStore(str(tmp_path), keep=4)
+    store.save(110, state(110), samples_done=880)
+    store.save(105, state(105), samples_done=960)
+    store.save(30, state(30), samples_done=960)
+    store.save(90, state(90), samples_done=720)
+    assert store.load_latest().name == "ckpt-000000105"
+    flip_a_byte(tmp_path / "checkpoints" / "ckpt-000000105")
+    loaded = store.load_latest()
+    assert loaded.name == "ckpt-000000030" and [why.split(":")[0] for why in loaded.skipped] == ["ckpt-000000105"]
+    assert "generation" not in manifest_of(tmp_path / "checkpoints" / "ckpt-000000030")  # none in the environment
+
+
+def test_a_save_behind_a_stale_generations_better_checkpoint_is_kept_beside_it_until_the_next_save(tmp_path):
+    """The stale writer's checkpoint has more samples: it is the one to resume, and the new generation's own
+    (which its progress.json names) stays until its next save rather than point progress.json at nothing."""
+    messages: list[str] = []
+    store = CheckpointStore(str(tmp_path), keep=1, log=messages.append)
+    store.save(110, state(110), samples_done=3520, world_size=4)  # the stale generation's
+    store.save(101, state(101), samples_done=3208, world_size=1)
+    assert store.names() == ["ckpt-000000110", "ckpt-000000101"]
+    assert store.load_latest().name == "ckpt-000000110"
+    store.save(102, state(102), samples_done=3216, world_size=1)
+    assert store.names() == ["ckpt-000000110", "ckpt-000000102"]
+    assert messages == ["checkpoint ckpt-000000101 removed: ranked below the 1 valid checkpoints with the most samples done"]

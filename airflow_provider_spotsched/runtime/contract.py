@@ -31,6 +31,10 @@ PROGRESS_FILE = "progress.json"
 CONFIG_FILE = "config.json"
 """Under the checkpoint URI: the training config the operator writes for ``--config``."""
 
+GENERATION_ENV = "SPOTSCHED_GENERATION"
+"""The backend's instance-set generation, in the environment of every process it launches (the
+rendezvous id; :mod:`.node`); checkpoints record it."""
+
 LOGS_DIR = "logs"
 LOG_FILE = "train.log"
 """Under the checkpoint URI: ``logs/<instance>/train.log``, each cloud instance's command output."""

@@ -40,12 +40,11 @@ import threading
 from collections.abc import Mapping, MutableMapping, Sequence
 
 from airflow_provider_spotsched.runtime import launch
-from airflow_provider_spotsched.runtime.contract import EXIT_USAGE
+from airflow_provider_spotsched.runtime.contract import EXIT_USAGE, GENERATION_ENV
 from airflow_provider_spotsched.runtime.preemption import NoticeSource, NoticeWatcher, StopFlag
 
 NPROC_ENV = "SPOTSCHED_NPROC_PER_NODE"
 RESTARTS_ENV = "SPOTSCHED_MAX_RESTARTS"
-GENERATION_ENV = "SPOTSCHED_GENERATION"
 LAST_CALL_ENV = "SPOTSCHED_RDZV_LAST_CALL_S"
 DEFAULT_MAX_RESTARTS = 3
 NOTICE_POLL_S = 1.0
