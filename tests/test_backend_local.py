@@ -510,6 +510,26 @@ def test_the_market_clock_replays_slots_on_wall_time():
     assert np.array_equal(np.asarray(clock.available), [[3, 0], [1, 2]])
 
 
+def test_a_workdir_with_a_hash_or_question_mark_still_gets_its_notice_file(tmp_path):
+    """The notice file's URI is percent-encoded: the runtime would read ``file:///x/exp#1?v=2/...`` as
+    ``/x/exp`` (the fragment and query cut off), a folder that may exist: a notice at once."""
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp#1?v=2" / "run").mkdir(parents=True)
+    probe = ("import json, os; from airflow_provider_spotsched.runtime.preemption import NoticeSource; "
+             "source = NoticeSource.from_env(os.environ); print(json.dumps([source.location, source.poll()]))")
+    h = Harness(tmp_path / "exp#1?v=2" / "run", [[1, 1]], worker=(sys.executable, "-c", probe))
+    try:
+        h.backend.reconcile(h.job, Allocation((1, 0), 0))
+        wait_for("the job to finish", lambda: h.status().count(InstanceState.FINISHED) == 1)
+        (out,) = Path(h.jobdir, "logs").glob("local-0000.g*.out")
+        location, notice = json.loads(out.read_text())
+        assert location == str(Path(h.jobdir, "notices", out.name.removesuffix(".out")))
+        assert notice is None
+    finally:
+        h.backend.release(h.job)
+        h.assert_nothing_left()
+
+
 def test_a_single_worker_gets_no_process_group_variables(make_harness, tmp_path, monkeypatch):
     # LOCAL_RANK without MASTER_ADDR makes a transformers Trainer script expect a process group and fail
     for name, value in (("LOCAL_RANK", "3"), ("MASTER_ADDR", "10.0.0.9"), ("MASTER_PORT", "1234")):

@@ -284,7 +284,7 @@ class Supervisor:
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "SPOTSCHED_GENERATION": str(generation),  # the torchrun rendezvous id (runtime/node.py)
-                "SPOTSCHED_NOTICE": f"file://{notice}",
+                "SPOTSCHED_NOTICE": notice.as_uri(),  # percent-encoded: a '#' or '?' in the workdir stays in the path
                 INSTANCE_MARKER: record.instance_id,
                 JOB_ID_MARKER: self.job.job_id,
                 JOBDIR_MARKER: str(self.jobdir.path),
