@@ -30,7 +30,7 @@ from airflow_provider_spotsched.backends.base import (
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.local import LocalBackend
-from airflow_provider_spotsched.backends.local_processes import JOBDIR_MARKER, marked, signal_group
+from airflow_provider_spotsched.backends.local_processes import JOBDIR_MARKER, create_time, is_alive, marked, signal_group
 from airflow_provider_spotsched.backends.market_clock import AWS_NOTICE_SECONDS, MarketClock
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.slots import SlotMarket
@@ -366,6 +366,17 @@ def test_a_supervisor_told_to_stop_kills_a_trainer_that_outlives_its_shell(make_
     supervisor.wait(WAIT_S)
     assert not alive(trainer.pid)
     assert h.status().count(PENDING) == 1  # restartable
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="shifts psutil's Linux boot time")
+def test_a_process_stays_ours_when_the_wall_clock_is_stepped(monkeypatch):
+    """psutil adds the boot time, in whole seconds, to a create time: a small NTP step can move it by 1 s."""
+    started = create_time(os.getpid())
+    boot_time = psutil._pslinux.boot_time
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: boot_time() + 1.0)
+    assert create_time(os.getpid()) != started
+    assert is_alive(os.getpid(), started)
+    assert not is_alive(os.getpid(), started - 60.0)  # a recycled pid: another process
 
 
 def test_a_supervisor_told_to_stop_ends_its_workers_and_reconcile_resumes_them(make_harness):

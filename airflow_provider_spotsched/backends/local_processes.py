@@ -4,7 +4,7 @@ Every supervisor and worker runs in a process group of its own (``start_new_sess
 ``SPOTSCHED_LOCAL_JOBDIR`` in its environment; a worker and every process it starts also carry
 its instance's id (``SPOTSCHED_INSTANCE_ID``), which finds them once the worker itself exited.
 A pid alone is not proof: after a crash it may have been recycled, so a process counts as ours
-only if its create time matches the record.
+only if its create time matches the record (within :data:`CREATE_TIME_TOLERANCE_S`).
 A zombie (exited, not yet reaped by an init that does not reap) counts as gone.
 """
 
@@ -21,6 +21,11 @@ import psutil
 JOBDIR_MARKER = "SPOTSCHED_LOCAL_JOBDIR"
 JOB_ID_MARKER = "SPOTSCHED_JOB_ID"
 INSTANCE_MARKER = "SPOTSCHED_INSTANCE_ID"
+# psutil's create time is the boot time (whole seconds, reread from /proc/stat at every call) plus
+# the time since boot: a step of the wall clock (NTP) moves the boot time, so a step of under a
+# second can move a live process's create time by one second. A recycled pid needs the pid space
+# to wrap around within the tolerance.
+CREATE_TIME_TOLERANCE_S = 1.5
 
 
 def create_time(pid: int) -> float | None:
@@ -37,7 +42,8 @@ def is_alive(pid: int | None, started: float | None) -> bool:
         return False
     try:
         process = psutil.Process(pid)
-        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+        same = abs(process.create_time() - started) < CREATE_TIME_TOLERANCE_S
+        return same and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
