@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 
 def emit(event: str, **fields: object) -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     uri.mkdir(parents=True, exist_ok=True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     notice = os.environ.get("SPOTSCHED_NOTICE", "none")
-    notice_path = Path(notice[len("file://") :]) if notice.startswith("file://") else None
+    notice_path = Path(unquote(urlparse(notice).path)) if notice.startswith("file://") else None
     progress_file = uri / "progress.json"
     done = json.loads(progress_file.read_text())["samples_done"] if progress_file.exists() else 0
     total = int(config["samples"])

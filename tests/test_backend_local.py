@@ -30,7 +30,7 @@ from airflow_provider_spotsched.backends.base import (
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.local import LocalBackend
-from airflow_provider_spotsched.backends.local_processes import JOBDIR_MARKER, marked, signal_group
+from airflow_provider_spotsched.backends.local_processes import JOBDIR_MARKER, create_time, is_alive, marked, signal_group
 from airflow_provider_spotsched.backends.market_clock import AWS_NOTICE_SECONDS, MarketClock
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.slots import SlotMarket
@@ -73,10 +73,12 @@ class Harness:
         seconds_per_slot: float = 60.0,
         worker: tuple[str, ...] = FAKE,
         notice_seconds: float = 0.5,
+        stop_timeout_s: float = 10.0,
         **config: object,
     ) -> None:
         self.tmp_path = tmp_path
         self.notice_seconds = notice_seconds
+        self.stop_timeout_s = stop_timeout_s
         self.outcomes: list[LaunchOutcome] = []
         self.checkpoint = tmp_path / "ckpt"
         config_file = tmp_path / "config.json"
@@ -97,7 +99,7 @@ class Harness:
             seconds_per_slot=seconds_per_slot,
             notice_seconds=self.notice_seconds,
             launch_recorder=self.outcomes.append,
-            stop_timeout_s=10.0,
+            stop_timeout_s=self.stop_timeout_s,
             poll_interval_s=0.05,
         )
 
@@ -326,6 +328,57 @@ def test_a_left_behind_child_that_leads_no_process_group_is_still_signalled():
     assert gone
 
 
+# A worker that is a shell wrapping the trainer: SIGTERM ends the shell at once, while its child, a
+# trainer whose emergency checkpoint outlasts the stop timeout (here: it ignores SIGTERM), lives on.
+STUBBORN_TRAINER = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+WRAPPED = ("sh", "-c", f"{sys.executable} -c '{STUBBORN_TRAINER}'; exit 75")
+
+
+def trainers(h: Harness) -> list[psutil.Process]:
+    return [p for p in marked(h.jobdir) if STUBBORN_TRAINER in p.cmdline()]
+
+
+@pytest.mark.parametrize(("before", "after"), [((1, 0), (2, 0)), ((2, 0), (1, 0))], ids=["scale-up", "scale-down"])
+def test_a_wrapped_trainer_that_outlives_its_shell_is_killed_before_the_new_set_starts(make_harness, before, after):
+    """The worker process exits before its child: the instance's processes are still ours (by their
+    marker), get SIGKILL after stop_timeout_s, and the new worker set waits for them."""
+    h = make_harness([[4, 4]], worker=WRAPPED, stop_timeout_s=1.0)
+    h.backend.reconcile(h.job, Allocation(before, 0))
+    wait_for("the first trainers", lambda: len(trainers(h)) == sum(before))
+    old = trainers(h)
+    h.backend.reconcile(h.job, Allocation(after, 0))
+    wait_for("the new trainers", lambda: len(trainers(h)) == sum(after) and not set(trainers(h)) & set(old))
+    assert not [p for p in old if alive(p.pid)]
+    events = [json.loads(line) for line in Path(h.jobdir, "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    relaunch = max(i for i, kind in enumerate(kinds) if kind == "launched")
+    assert "sigkill" in kinds[:relaunch]  # the old trainers were killed, and before the new set started
+    assert not [e for e in events[relaunch:] if e["event"] == "sigkill"]
+
+
+def test_a_supervisor_told_to_stop_kills_a_trainer_that_outlives_its_shell(make_harness):
+    h = make_harness([[2, 2]], worker=WRAPPED, stop_timeout_s=1.0)
+    h.backend.reconcile(h.job, Allocation((1, 0), 0))
+    wait_for("the trainer", lambda: len(trainers(h)) == 1)
+    (trainer,) = trainers(h)
+    supervisor = psutil.Process(h.supervisor()["pid"])
+    supervisor.terminate()
+    supervisor.wait(WAIT_S)
+    assert not alive(trainer.pid)
+    assert h.status().count(PENDING) == 1  # restartable
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="shifts psutil's Linux boot time")
+def test_a_process_stays_ours_when_the_wall_clock_is_stepped(monkeypatch):
+    """psutil adds the boot time, in whole seconds, to a create time: a small NTP step can move it by 1 s."""
+    started = create_time(os.getpid())
+    boot_time = psutil._pslinux.boot_time
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: boot_time() + 1.0)
+    assert create_time(os.getpid()) != started
+    assert is_alive(os.getpid(), started)
+    assert not is_alive(os.getpid(), started - 60.0)  # a recycled pid: another process
+
+
 def test_a_supervisor_told_to_stop_ends_its_workers_and_reconcile_resumes_them(make_harness):
     h = make_harness([[2, 2]])
     h.backend.reconcile(h.job, Allocation((1, 0), 1))
@@ -466,6 +519,26 @@ def test_the_market_clock_replays_slots_on_wall_time():
     with pytest.raises(ValueError, match="seconds_per_slot must be > 0"):
         MarketClock.replay(market([[1, 1]]), seconds_per_slot=0)
     assert np.array_equal(np.asarray(clock.available), [[3, 0], [1, 2]])
+
+
+def test_a_workdir_with_a_hash_or_question_mark_still_gets_its_notice_file(tmp_path):
+    """The notice file's URI is percent-encoded: the runtime would read ``file:///x/exp#1?v=2/...`` as
+    ``/x/exp`` (the fragment and query cut off), a folder that may exist: a notice at once."""
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp#1?v=2" / "run").mkdir(parents=True)
+    probe = ("import json, os; from airflow_provider_spotsched.runtime.preemption import NoticeSource; "
+             "source = NoticeSource.from_env(os.environ); print(json.dumps([source.location, source.poll()]))")
+    h = Harness(tmp_path / "exp#1?v=2" / "run", [[1, 1]], worker=(sys.executable, "-c", probe))
+    try:
+        h.backend.reconcile(h.job, Allocation((1, 0), 0))
+        wait_for("the job to finish", lambda: h.status().count(InstanceState.FINISHED) == 1)
+        (out,) = Path(h.jobdir, "logs").glob("local-0000.g*.out")
+        location, notice = json.loads(out.read_text())
+        assert location == str(Path(h.jobdir, "notices", out.name.removesuffix(".out")))
+        assert notice is None
+    finally:
+        h.backend.release(h.job)
+        h.assert_nothing_left()
 
 
 def test_a_single_worker_gets_no_process_group_variables(make_harness, tmp_path, monkeypatch):

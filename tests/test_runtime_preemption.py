@@ -77,6 +77,8 @@ def test_notice_settings_are_read_from_the_environment():
     gcp = NoticeSource.from_env({"SPOTSCHED_NOTICE": "gcp", "SPOTSCHED_METADATA_URL": "http://127.0.0.1:9"})
     assert gcp.location == "http://127.0.0.1:9" and gcp.window_s == 30
     assert NoticeSource.from_env({"SPOTSCHED_NOTICE": "file:///tmp/notice"}) == NoticeSource("file", "/tmp/notice")
+    odd = Path("/data/exp#1?v=2 %41/notice")  # what Path.as_uri() encodes comes back whole
+    assert NoticeSource.from_env({"SPOTSCHED_NOTICE": odd.as_uri()}) == NoticeSource("file", str(odd))
     with pytest.raises(ValueError, match="SPOTSCHED_NOTICE='azure' is not one of aws, gcp"):
         NoticeSource.from_env({"SPOTSCHED_NOTICE": "azure"})
 

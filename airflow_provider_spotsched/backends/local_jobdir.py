@@ -33,6 +33,8 @@ class WorkerRecord:
     ``generation`` is the worker set the process was started for; ``stop_reason`` ("preempted",
     "released" or "finished") marks an instance on its way out, and ``signalled_at`` the moment
     the backend sent its process SIGTERM (so that exit 75 reads as a stop, not a failure).
+    ``pid`` stays set after the worker process exited (``exited_at``) while any process marked as
+    its instance still runs: the children of a wrapper or launcher that exited before them.
     """
 
     instance_id: str

@@ -1,8 +1,10 @@
 """Finding and ending the local backend's processes, by pid and by the job marker they carry.
 
 Every supervisor and worker runs in a process group of its own (``start_new_session``) and has
-``SPOTSCHED_LOCAL_JOBDIR`` in its environment. A pid alone is not proof: after a crash it may
-have been recycled, so a process counts as ours only if its create time matches the record.
+``SPOTSCHED_LOCAL_JOBDIR`` in its environment; a worker and every process it starts also carry
+its instance's id (``SPOTSCHED_INSTANCE_ID``), which finds them once the worker itself exited.
+A pid alone is not proof: after a crash it may have been recycled, so a process counts as ours
+only if its create time matches the record (within :data:`CREATE_TIME_TOLERANCE_S`).
 A zombie (exited, not yet reaped by an init that does not reap) counts as gone.
 """
 
@@ -18,6 +20,12 @@ import psutil
 
 JOBDIR_MARKER = "SPOTSCHED_LOCAL_JOBDIR"
 JOB_ID_MARKER = "SPOTSCHED_JOB_ID"
+INSTANCE_MARKER = "SPOTSCHED_INSTANCE_ID"
+# psutil's create time is the boot time (whole seconds, reread from /proc/stat at every call) plus
+# the time since boot: a step of the wall clock (NTP) moves the boot time, so a step of under a
+# second can move a live process's create time by one second. A recycled pid needs the pid space
+# to wrap around within the tolerance.
+CREATE_TIME_TOLERANCE_S = 1.5
 
 
 def create_time(pid: int) -> float | None:
@@ -34,7 +42,8 @@ def is_alive(pid: int | None, started: float | None) -> bool:
         return False
     try:
         process = psutil.Process(pid)
-        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+        same = abs(process.create_time() - started) < CREATE_TIME_TOLERANCE_S
+        return same and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -65,14 +74,18 @@ def signal_group(pid: int, started: float | None, signum: int) -> None:
             continue
 
 
-def marked(jobdir: str) -> list[psutil.Process]:
-    """Every live process whose environment carries ``jobdir`` as its job marker."""
+def marked(jobdir: str, instance_id: str | None = None) -> list[psutil.Process]:
+    """Every live process whose environment carries ``jobdir`` as its job marker (and ``instance_id``
+    as its instance, if given: the processes of that instance's worker, its children included)."""
     found = []
     for process in psutil.process_iter():
         if process.pid == os.getpid():
             continue
         try:
-            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(JOBDIR_MARKER) == jobdir:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = process.environ()
+            if env.get(JOBDIR_MARKER) == jobdir and (instance_id is None or env.get(INSTANCE_MARKER) == instance_id):
                 found.append(process)
         except psutil.Error:
             continue

@@ -9,14 +9,16 @@ away from it). Every tick it
 
 1. reaps exited workers: exit 0 on rank 0 finishes the job; exit 75 after our SIGTERM is a clean
    stop (PREEMPTED or RELEASED by its stop reason, else a restart); anything else is FAILED with
-   the stderr tail, and the other workers are ended;
+   the stderr tail, and the other workers are ended. A worker is gone only when every process
+   marked as its instance is (a shell wrapper or a launcher may exit before its children);
 2. applies the market: in a pool whose availability dropped below its live spot workers, the
    excess get a notice (their notice file appears), SIGTERM once the notice period is over, and
    the wanted worker set shrinks by them (the backend never scales back up on its own: the
    scheduler re-decides at its next slot);
 3. when the wanted worker set differs from the running one, SIGTERMs every worker (each saves an
-   emergency checkpoint and exits 75; SIGKILL after ``stop_timeout_s``) and, once all are gone,
-   starts the new set with ranks 0..n-1 on a fresh rendezvous port, resuming from the checkpoint.
+   emergency checkpoint and exits 75; SIGKILL after ``stop_timeout_s``, to its children too) and,
+   once all of them and their children are gone, starts the new set with ranks 0..n-1 on a fresh
+   rendezvous port, resuming from the checkpoint.
 
 A worker found running without a process handle was started by a supervisor that died: it is
 stopped the same way and restarted under this one (its exit code cannot be known otherwise).
@@ -41,6 +43,7 @@ import psutil
 from airflow_provider_spotsched.backends.base import ON_DEMAND, InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local_jobdir import JobDir, JobState, WorkerRecord, read_json, tail
 from airflow_provider_spotsched.backends.local_processes import (
+    INSTANCE_MARKER,
     JOB_ID_MARKER,
     JOBDIR_MARKER,
     create_time,
@@ -142,19 +145,28 @@ class Supervisor:
         return not state.with_process() and not state.live()
 
     def reap(self, state: JobState, record: WorkerRecord) -> None:
-        """Record the exit of ``record``'s worker, if it exited."""
+        """Record the exit of ``record``'s worker process, if it exited, and forget the worker once
+        no process marked as its instance is left: until then it keeps its pid, so that
+        :meth:`stop_all` ends those children and no new worker set starts beside them."""
         process = self.processes.get(record.instance_id)
         if process is not None:
-            code = process.poll()
+            code = process.poll()  # after the exit, the same code on every call
             if code is None:
                 return
-            del self.processes[record.instance_id]
         elif is_alive(record.pid, record.started):
             return
         else:
             code = None  # started by a dead supervisor: its exit code is lost
-        record.pid, record.started, record.exit_code, record.exited_at = None, None, code, time.time()
-        self.log_event("exited", record, exit_code=code)
+        if record.exited_at is None:  # not recorded yet
+            record.exit_code, record.exited_at = code, time.time()
+            self.log_event("exited", record, exit_code=code)
+            self.record_exit(state, record, code)
+        if not marked(str(self.jobdir.path), record.instance_id):
+            self.processes.pop(record.instance_id, None)
+            record.pid = record.started = None
+
+    def record_exit(self, state: JobState, record: WorkerRecord, code: int | None) -> None:
+        """What the exit of ``record``'s worker process with ``code`` means for it and for the job."""
         if code == EXIT_DONE and record.rank == 0:
             state.outcome = "finished"
             record.state, record.detail = InstanceState.FINISHED.value, "rank 0 finished the job's work"
@@ -224,14 +236,28 @@ class Supervisor:
         for record in state.with_process():
             if record.signalled_at is None:
                 record.signalled_at = now
-                if record.live:  # stopping to restart: not training until the new set starts
+                if record.live and record.exited_at is None:  # stopping to restart: not training until the new set starts
                     record.state, record.detail = InstanceState.PENDING.value, "restarting for a new worker set"
-                signal_group(record.worker_pid, record.started, signal.SIGTERM)
+                self.signal_worker(record.instance_id, record.worker_pid, record.started, signal.SIGTERM)
                 self.log_event("sigterm", record, reason=record.stop_reason or "restart")
             elif not record.killed and now - record.signalled_at > self.stop_timeout_s:
                 record.killed = True
-                signal_group(record.worker_pid, record.started, signal.SIGKILL)
+                self.signal_worker(record.instance_id, record.worker_pid, record.started, signal.SIGKILL)
                 self.log_event("sigkill", record)
+
+    def signal_worker(self, instance_id: str, pid: int, started: float | None, signum: int) -> None:
+        """Send ``signum`` to every process of one worker: its process group and descendants
+        (:func:`signal_group`), and each process marked as its instance that these miss: the
+        children of a shell wrapper or launcher that exited before them have no parent of ours."""
+        leader = is_alive(pid, started)
+        signal_group(pid, started, signum)
+        for process in marked(str(self.jobdir.path), instance_id):
+            try:
+                if leader and (os.getpgid(process.pid) == pid or pid in {p.pid for p in process.parents()}):
+                    continue  # reached through the worker's group or as its descendant
+                signal_group(process.pid, process.create_time(), signum)
+            except (psutil.Error, ProcessLookupError):
+                continue
 
     def launch(self, state: JobState) -> None:
         """Start the wanted worker set: one process per live instance, ranks 0..n-1."""
@@ -258,8 +284,8 @@ class Supervisor:
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "SPOTSCHED_GENERATION": str(generation),  # the torchrun rendezvous id (runtime/node.py)
-                "SPOTSCHED_NOTICE": f"file://{notice}",
-                "SPOTSCHED_INSTANCE_ID": record.instance_id,
+                "SPOTSCHED_NOTICE": notice.as_uri(),  # percent-encoded: a '#' or '?' in the workdir stays in the path
+                INSTANCE_MARKER: record.instance_id,
                 JOB_ID_MARKER: self.job.job_id,
                 JOBDIR_MARKER: str(self.jobdir.path),
             }
@@ -305,15 +331,23 @@ class Supervisor:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         sys.stderr.write(traceback.format_exc())
-        for process in self.processes.values():
-            signal_group(process.pid, create_time(process.pid), signal.SIGTERM)
+        # self.processes: the workers this supervisor started whose processes may still run, their
+        # children included (an exited worker's pid stays ours until it is reaped: Popen.poll)
+        started = {instance_id: create_time(process.pid) if process.poll() is None else None  # a reaped pid is not ours
+                   for instance_id, process in self.processes.items()}
+        for instance_id, process in self.processes.items():
+            self.signal_worker(instance_id, process.pid, started[instance_id], signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout_s
-        for process in self.processes.values():
+        for instance_id, process in self.processes.items():
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                signal_group(process.pid, create_time(process.pid), signal.SIGKILL)
+                pass
+            _, left = psutil.wait_procs(marked(str(self.jobdir.path), instance_id), max(0.0, deadline - time.monotonic()))
+            if process.poll() is None or left:
+                self.signal_worker(instance_id, process.pid, started[instance_id], signal.SIGKILL)
                 process.wait()
+                psutil.wait_procs(left, timeout=5.0)
         with self.jobdir.lock():
             state = self.jobdir.load()
             if state is None or state.supervisor.get("pid") != os.getpid():

@@ -9,7 +9,8 @@ progress); when it is set, the workers agree to stop, save an emergency checkpoi
   then a JSON body with the action and time), with a session token from ``/latest/api/token``;
 - ``gcp``: ``/computeMetadata/v1/instance/preempted`` with header ``Metadata-Flavor: Google``
   (``TRUE`` once preempted, 30 seconds before the instance stops);
-- ``file:///path``: the appearance of that file is the notice (the local backend uses it);
+- ``file:///path``: the appearance of that file is the notice (the local backend uses it); the
+  path is percent-decoded, as ``Path.as_uri()`` encodes it (a literal ``#`` or ``?`` would end it);
 - ``none`` (default): SIGTERM only.
 
 ``$SPOTSCHED_METADATA_URL`` replaces the metadata server's base URL (tests serve it on loopback).
@@ -24,7 +25,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 NOTICE_WINDOW_S = {"aws": 120.0, "gcp": 30.0}
 DEFAULT_METADATA_URL = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
@@ -79,7 +80,7 @@ class NoticeSource:
         if value in ("aws", "gcp"):
             return cls(value, env.get("SPOTSCHED_METADATA_URL") or DEFAULT_METADATA_URL[value])
         if value.startswith("file://"):
-            path = urlparse(value).path
+            path = unquote(urlparse(value).path)
             if not path:
                 raise ValueError(f"SPOTSCHED_NOTICE={value!r} names no file: use file:///absolute/path")
             return cls("file", path)
