@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -346,11 +347,55 @@ def test_round_for_a_non_selector_run_is_refused(gcp_market):
         close_round(None, run)
 
 
-def selector_run(gcp_market, job_id: str, **params) -> OnlineRun:
-    """A finished run of a cheap selector (no warm-up), ready to close its round."""
+def selector_run(gcp_market, job_id: str, job=None, state=None, **params) -> OnlineRun:
+    """A finished run of a cheap selector (no warm-up unless asked), started from the stored
+    ``state`` if any, ready to close its round."""
     params = {"pool": CHEAP_POOL, "warm_up_rounds": 0, **params}
-    config = RunConfig(job_id, gcp_job(), gcp_market.pools, policy="selector", policy_params=params)
-    return drive(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, round_trip=False)
+    config = RunConfig(job_id, job or gcp_job(), gcp_market.pools, policy="selector", policy_params=params)
+    return drive(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW, state), gcp_market, round_trip=False)
+
+
+def memory_store() -> tuple[dict, Callable[[], str | None], Callable[[dict], None]]:
+    """A store as the operator's Variable: JSON text, ``None`` until first written."""
+    stored: dict = {}
+    return stored, lambda: stored.get("doc"), lambda document: stored.update(doc=json.dumps(document))
+
+
+def test_a_kind_new_to_an_existing_store_keeps_the_warm_up_its_run_did(gcp_market):
+    """The run warms a new kind up when it starts; the round closes on the stored selector, which
+    has no learner for it: learnt on a blank one, the warm-up would be lost and never run again."""
+    stored, read, write = memory_store()
+    store_round(read, write, selector_run(gcp_market, "a", warm_up_rounds=2), STORE, pause_seconds=0)
+    new_kind = gcp_job(deadline_hours=24.0)
+    # b and c start before either closes: both warm the new kind up
+    runs = [selector_run(gcp_market, job_id, new_kind, starting_state(read(), STORE), warm_up_rounds=2) for job_id in "bc"]
+    assert [run.selector_start["contexts"][job_context(new_kind)]["rounds"] for run in runs] == [2, 2]
+    store_round(read, write, runs[0], STORE, pause_seconds=0)
+    contexts = json.loads(read())["selector"]["contexts"]
+    assert contexts[job_context(new_kind)]["rounds"] == 3  # 2 warm-up rounds and b's
+    assert list(contexts) == [job_context(gcp_job()), job_context(new_kind)]  # the most recently played last
+    store_round(read, write, runs[1], STORE, pause_seconds=0)
+    document = json.loads(read())
+    assert document["selector"]["contexts"][job_context(new_kind)]["rounds"] == 4  # c learns on b's learner
+    assert [entry["round"] for entry in document["history"]] == [3, 3, 4]
+
+
+def test_a_version_1_store_keeps_the_warm_up_of_the_run_that_upgrades_it(gcp_market, caplog):
+    """Upgrading a version-1 document drops its weights: each kind warms up on its next run, and
+    that warm-up must survive the round's close on the (still version-1) stored document."""
+    stored, read, write = memory_store()
+    version_1 = {key: value for key, value in stored_selector(warm_up_rounds=2).items() if key not in ("contexts", "current")}
+    labels = SelectorPolicy(pool=CHEAP_POOL).labels
+    version_1 |= {"version": 1, "choice": "sample", "horizon": None, "loss_scale": 1.0,
+                  "cumulative_loss": dict.fromkeys(labels, 1.0), "rounds": 7, "draws": 7, "current": None}
+    write({"selector": version_1, "runs": ["old"]})
+    run = selector_run(gcp_market, "new", state=starting_state(read(), STORE), warm_up_rounds=2)
+    assert run.selector_start["contexts"][job_context(gcp_job())]["rounds"] == 2
+    store_round(read, write, run, STORE, pause_seconds=0)
+    document = json.loads(read())
+    assert document["selector"]["version"] == 2 and document["runs"] == ["old", "new"]
+    assert document["selector"]["contexts"][job_context(gcp_job())]["rounds"] == 3
+    assert "selector state version 1 upgraded to version 2" in caplog.text
 
 
 # Each is text an existing store can hold that is no selector document: a fresh selector over it

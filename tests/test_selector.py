@@ -237,6 +237,29 @@ def test_the_state_keeps_the_most_recently_played_kinds(monkeypatch):
     assert list(selector.to_state()["contexts"]) == [job_context(jobs[2]), job_context(jobs[1])]
 
 
+def test_a_kind_the_selector_has_not_learnt_takes_the_warm_up_of_the_selector_a_run_started_from(monkeypatch):
+    """A run warms a new kind up on the selector it started from and closes its round on the stored
+    one: a stored selector that learnt nothing for the kind takes the warmed-up learner, as its
+    most recently played kind (dropping the least recent beyond MAX_CONTEXTS)."""
+    monkeypatch.setattr(selector_module, "MAX_CONTEXTS", 2)
+    jobs = [make_job(max_instances=n) for n in (1, 2, 3)]
+    stored = SelectorPolicy(POOL, warm_up_rounds=2)
+    for job in jobs[:2]:
+        stored.open_round(job, job_market(0, 0))  # no history: known kinds, 0 rounds
+    start = SelectorPolicy.from_state(stored.to_state())
+    start.open_round(jobs[2], job_market(60, 0))
+    assert start.rounds_learnt(jobs[2]) == 2
+    assert stored.take_warm_up(start, jobs[2]) and stored.rounds_learnt(jobs[2]) == 2
+    assert list(stored.to_state()["contexts"]) == [job_context(jobs[1]), job_context(jobs[2])]
+    assert stored.to_state()["contexts"][job_context(jobs[2])] == start.to_state()["contexts"][job_context(jobs[2])]
+    stored.update(jobs[2], job_market(60, 0))
+    assert start.rounds_learnt(jobs[2]) == 2  # a copy: learning on it leaves the run's selector alone
+    assert not stored.take_warm_up(start, jobs[2]) and stored.rounds_learnt(jobs[2]) == 3  # a learnt kind keeps its learner
+    assert not start.take_warm_up(stored, jobs[0])  # nothing learnt to take
+    with pytest.raises(ValueError, match="same pool, algorithm, seed and warm-up"):
+        SelectorPolicy(POOL, warm_up_rounds=2, seed=1).take_warm_up(start, jobs[2])
+
+
 def test_a_job_kind_names_instances_slack_overhead_and_slot():
     job = make_job()
     assert job_context(job) == job_context(replace(job, value=99.0, start=None))

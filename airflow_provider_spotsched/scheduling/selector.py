@@ -17,6 +17,7 @@ can live in an Airflow Variable between runs and be restored exactly.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -393,6 +394,27 @@ class SelectorPolicy(Policy):
         """
         return self.close_round(self._current, job, job_market, utilities, true_throughput)
 
+    def take_warm_up(self, start: SelectorPolicy, job: Job) -> bool:
+        """Take ``start``'s learner for ``job``'s kind if this selector has learnt no round of that kind.
+
+        A run warms a kind up on the selector it started from but closes its round on the freshest
+        stored one (selector_store.py). Where the stored one has learnt nothing for the kind (the
+        kind is new to it too, or its document was upgraded from version 1), learning the round on
+        a blank learner would throw the warm-up away, and the kind, no longer at 0 rounds, would
+        never warm up again. A learner another run stored for the kind meanwhile is kept.
+
+        :return: whether the learner was taken.
+        :raises ValueError: when ``start`` has other settings (its learners fit another pool).
+        """
+        if start.params() != self.params():
+            raise ValueError("a learner can only be taken from a selector with the same pool, algorithm, seed and warm-up")
+        context = job_context(job)
+        if self.rounds_learnt(job) or not start.rounds_learnt(job):
+            return False
+        self._learners[context] = copy.deepcopy(start._learners[context])
+        self._learner(job)  # the most recently played kind now; drops the least recent beyond MAX_CONTEXTS
+        return True
+
     def recorded_round(self, label: str, probability: float, draw: int) -> Round:
         """The round that another copy of this selector opened, from what its run recorded, so
         that the round can be closed on the freshest state.
@@ -487,9 +509,9 @@ class SelectorPolicy(Policy):
         context = job_context(job)
         if context not in self._learners:
             self._learners[context] = ExponentialWeights(len(self.pool), self.algorithm, self._active(job))
-            while len(self._learners) > MAX_CONTEXTS:
-                self._learners.popitem(last=False)
         self._learners.move_to_end(context)
+        while len(self._learners) > MAX_CONTEXTS:
+            self._learners.popitem(last=False)
         learner = self._learners[context]
         learner.active = self._active(job)  # a function of N_max, part of the kind: a restored learner gets it here
         return learner

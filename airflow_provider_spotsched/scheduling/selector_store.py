@@ -91,18 +91,20 @@ def close_round(document: Mapping[str, Any] | None, run: OnlineRun) -> dict[str,
         return dict(document)  # type: ignore[arg-type]
     if run.member is None or run.selector_start is None:
         raise SelectorStoreError(f"run {job_id} was not played by the selector; there is no round to close")
-    selector = SelectorPolicy.from_state(selector_state(document) or run.selector_start)
+    start = SelectorPolicy.from_state(run.selector_start)
+    selector = start if document is None else SelectorPolicy.from_state(_state_in(document))
     label = run.member["label"]
     if label not in selector.labels:
         raise SelectorStoreError(
             f"the stored selector has no member {label!r} (its pool changed during the run); "
             "the round is dropped rather than learnt against a different pool"
         )
+    job = run.config.job
+    selector.take_warm_up(start, job)  # a kind new to the stored selector keeps the warm-up the run did
     # The run drew its member as the last draw of the document it started on; closing its round
     # moves the next run's draw past it.
     played = selector.recorded_round(label, run.member["probability"], int(run.selector_start["draws"]) - 1)
     result = run.result()
-    job = run.config.job
     losses = selector.close_round(played, job, run.realised_market(), {label: result["utility"]}, run.realised_throughput())
     kept = document.get("history") if isinstance(document, Mapping) else None
     history = list(kept) if isinstance(kept, list) else []  # a damaged history restarts; the learner is intact
