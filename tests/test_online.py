@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
@@ -456,6 +457,37 @@ def test_closing_on_a_store_damaged_meanwhile_leaves_it_as_it_is(gcp_market, nam
 
 def stored_selector(**settings) -> dict:
     return SelectorPolicy(**{"pool": CHEAP_POOL, "warm_up_rounds": 0, **settings}).to_state()
+
+
+@pytest.mark.parametrize(
+    ("settings", "differ", "wrapped"),
+    [
+        ({"pool": CHEAP_POOL[:2]}, r"pool: members only stored \[\], only the run's \['prediction-free\(.*\)'\]", True),
+        ({"algorithm": "exp3"}, "algorithm: stored 'exp3', the run's 'hedge'", True),
+        ({"seed": 7}, "seed: stored 7, the run's 0", True),
+        ({"seed": 7}, "seed: stored 7, the run's 0", False),
+    ],
+    ids=["pool", "algorithm", "seed", "seed-bare-state"],
+)
+def test_a_round_closing_into_another_selector_is_dropped_with_a_warning(gcp_market, caplog, settings, differ, wrapped):
+    """The store was deleted and recreated by a run with other policy_params while this one
+    trained: its member was drawn from other weights, so the round is dropped (not learnt, not
+    raised: the finished task keeps its result), and its job id recorded so a retry does not retry."""
+    other = stored_selector(**settings)
+    before = {"selector": other, "runs": ["b"], "last_round": {"job_id": "b"}, "history": [{"job_id": "b"}]} if wrapped else other
+    stored = {"doc": json.dumps(before)}
+    run = selector_run(gcp_market, "a")
+    with caplog.at_level("WARNING", logger="airflow_provider_spotsched.scheduling.selector_store"):
+        store_round(lambda: stored["doc"], lambda d: stored.update(doc=json.dumps(d)), run, STORE, pause_seconds=0)
+    document = json.loads(stored["doc"])
+    kept = before if wrapped else {"selector": other, "runs": []}
+    assert document == {**kept, "runs": kept["runs"] + ["a"]}, "nothing learnt: the stored selector is as it was"
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(f"selector state: {STORE} holds another selector than run a started from (")
+    assert re.search(differ, warning) and f"the round of its member {run.member['label']!r} is dropped" in warning
+    caplog.clear()
+    store_round(lambda: stored["doc"], lambda d: stored.update(doc=json.dumps(d)), run, STORE, pause_seconds=0)  # a retry
+    assert json.loads(stored["doc"]) == document and not caplog.records
 
 
 @pytest.mark.parametrize(

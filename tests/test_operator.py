@@ -299,6 +299,28 @@ def test_a_selector_variable_damaged_during_the_run_is_kept_and_a_retry_closes_t
     assert f"Variable '{key}' does not exist yet; the selector starts fresh" in caplog.text
 
 
+def test_a_selector_variable_recreated_for_another_pool_during_the_run_drops_the_round_and_succeeds(
+    tmp_path, variables, caplog
+):
+    """Deleted and recreated by a run with other policy_params while the job trained: the round
+    cannot be learnt by that selector, so it is dropped with a warning, not raised (a failing closing
+    step would fail every retry the same way), and the task returns its result."""
+    store = TaskStateStore()
+    context = TaskContext(store)
+    op = operator(tmp_path, policy="selector", policy_params=CHEAP_SELECTOR)
+    key = op.selector_state_variable
+    deferred = start(op, context)
+    other = SelectorPolicy(pool=[{"policy": "greedy"}, {"policy": "prediction-free"}], warm_up_rounds=0).to_state()
+    variables[key] = json.dumps({"selector": other, "runs": ["other"]})
+    with caplog.at_level("WARNING", logger="airflow_provider_spotsched.scheduling.selector_store"):
+        result = drive(op, context, deferred)
+    assert result["deadline_met"]
+    job_id = store.get(STATE_KEY)["job"]["job_id"]
+    assert json.loads(variables[key]) == {"selector": other, "runs": ["other", job_id]}, "kept, the round marked as closed"
+    assert f"Variable '{key}' holds another selector than run {job_id} started from" in caplog.text
+    assert f"the round of its member {result['policy']!r} is dropped" in caplog.text
+
+
 def test_policy_params_other_than_the_stored_selectors_are_refused_before_launching(tmp_path, variables):
     op = operator(tmp_path, policy="selector", policy_params={**CHEAP_SELECTOR, "algorithm": "exp3", "seed": 7})
     stored = json.dumps({"selector": SelectorPolicy(**CHEAP_SELECTOR).to_state(), "runs": []})  # hedge, seed 0

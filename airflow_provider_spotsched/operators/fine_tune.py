@@ -667,7 +667,9 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
                 run,
                 self._selector_store,
             )
-            self.log.info("selector round stored in %s: %s", self._selector_store, document["last_round"])
+            last_round = document.get("last_round") or {}
+            if last_round.get("job_id") == run.config.job_id:  # not when dropped (store_round warned) or closed before
+                self.log.info("selector round stored in %s: %s", self._selector_store, last_round)
         emit_adapter_event(context, self.adapter_asset, result, adapter_location(driver.training.checkpoint_uri))
         return result
 

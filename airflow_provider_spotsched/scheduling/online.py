@@ -715,17 +715,7 @@ def _selector(params: Mapping[str, Any], state: Mapping[str, Any] | None) -> Sel
     stored = SelectorPolicy.from_state(state)
     if not params:
         return stored
-    asked = SelectorPolicy(**params)
-    differ = [
-        f"{name}: stored {getattr(stored, name)!r}, asked {getattr(asked, name)!r}"
-        for name in ("algorithm", "seed", "warm_up_rounds")
-        if getattr(stored, name) != getattr(asked, name)
-    ]
-    if stored.labels != asked.labels:
-        only_stored = [m for m in stored.labels if m not in asked.labels]
-        only_asked = [m for m in asked.labels if m not in stored.labels]
-        members = f"only stored {only_stored}, only asked {only_asked}" if only_stored or only_asked else "reordered"
-        differ.insert(0, f"pool: members {members}")
+    differ = stored.differences(SelectorPolicy(**params))
     if differ:
         raise JobError(
             f"policy_params ask for another selector than the stored one ({'; '.join(differ)}). The stored "

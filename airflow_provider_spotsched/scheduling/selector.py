@@ -266,6 +266,26 @@ class SelectorPolicy(Policy):
             "warm_up_rounds": self.warm_up_rounds,
         }
 
+    def differences(self, other: SelectorPolicy, names: tuple[str, str] = ("stored", "asked")) -> list[str]:
+        """How ``other``'s settings differ from this selector's, one phrase each (empty: the same selector).
+
+        Weights are learnt for one pool and algorithm and draws follow one seed, so a selector with
+        other settings is another selector: neither may take the other's rounds. ``names`` name
+        this selector and ``other`` in the phrases, e.g. ``pool: members only stored [...], only asked [...]``.
+        """
+        mine, theirs = names
+        differ = [
+            f"{name}: {mine} {getattr(self, name)!r}, {theirs} {getattr(other, name)!r}"
+            for name in ("algorithm", "seed", "warm_up_rounds")
+            if getattr(self, name) != getattr(other, name)
+        ]
+        if self.labels != other.labels:
+            only_mine = [m for m in self.labels if m not in other.labels]
+            only_theirs = [m for m in other.labels if m not in self.labels]
+            members = f"only {mine} {only_mine}, only {theirs} {only_theirs}" if only_mine or only_theirs else "reordered"
+            differ.insert(0, f"pool: members {members}")
+        return differ
+
     @property
     def label(self) -> str:
         """Short: the pool shows as its size and a digest, not as every member's parameters."""
@@ -404,9 +424,9 @@ class SelectorPolicy(Policy):
         never warm up again. A learner another run stored for the kind meanwhile is kept.
 
         :return: whether the learner was taken.
-        :raises ValueError: when ``start`` has other settings (its learners fit another pool).
+        :raises ValueError: when ``start`` has other settings (:meth:`differences`: its learners fit another pool).
         """
-        if start.params() != self.params():
+        if self.differences(start):
             raise ValueError("a learner can only be taken from a selector with the same pool, algorithm, seed and warm-up")
         context = job_context(job)
         if self.rounds_learnt(job) or not start.rounds_learnt(job):

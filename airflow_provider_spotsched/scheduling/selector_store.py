@@ -83,8 +83,15 @@ def selector_state(document: Mapping[str, Any] | None) -> Mapping[str, Any] | No
     return None if document is None else _state_in(document)
 
 
-def close_round(document: Mapping[str, Any] | None, run: OnlineRun) -> dict[str, Any]:
-    """``document`` with ``run``'s round learnt (unchanged when it already holds the round)."""
+def close_round(document: Mapping[str, Any] | None, run: OnlineRun, store: str = "the selector store") -> dict[str, Any]:
+    """``document`` with ``run``'s round learnt (unchanged when it already holds the round).
+
+    When ``document`` holds another selector than the run started from (the store, named
+    ``store`` in the warning, was deleted and recreated by a run with other ``policy_params``
+    while this one trained), the round is dropped: its member was drawn from other weights, and
+    another pool, algorithm or seed cannot learn it. The document is kept as it is, but for the
+    run's job id in ``runs``, so that a retry does not try again; the run's result stands.
+    """
     runs = list(document.get("runs", [])) if isinstance(document, Mapping) else []
     job_id = run.config.job_id
     if job_id in runs:
@@ -92,13 +99,16 @@ def close_round(document: Mapping[str, Any] | None, run: OnlineRun) -> dict[str,
     if run.member is None or run.selector_start is None:
         raise SelectorStoreError(f"run {job_id} was not played by the selector; there is no round to close")
     start = SelectorPolicy.from_state(run.selector_start)
-    selector = start if document is None else SelectorPolicy.from_state(_state_in(document))
     label = run.member["label"]
-    if label not in selector.labels:
-        raise SelectorStoreError(
-            f"the stored selector has no member {label!r} (its pool changed during the run); "
-            "the round is dropped rather than learnt against a different pool"
+    selector = start if document is None else SelectorPolicy.from_state(_state_in(document))
+    differ = selector.differences(start, ("stored", "the run's"))
+    if document is not None and differ:
+        log.warning(
+            "selector state: %s holds another selector than run %s started from (%s): the round of its member %r "
+            "is dropped, not learnt; the run's result stands", store, job_id, "; ".join(differ), label,
         )
+        unchanged = {key: document[key] for key in ("last_round", "history") if key in document}
+        return {"selector": dict(_state_in(document)), **unchanged, "runs": (runs + [job_id])[-KEEP_RUN_IDS:]}
     job = run.config.job
     selector.take_warm_up(start, job)  # a kind new to the stored selector keeps the warm-up the run did
     # The run drew its member as the last draw of the document it started on; closing its round
@@ -133,7 +143,7 @@ def store_round(
     """
     job_id = run.config.job_id
     for attempt in range(1, attempts + 1):
-        document = close_round(_read_for_close(read, store, job_id), run)
+        document = close_round(_read_for_close(read, store, job_id), run, store)
         write(document)
         time.sleep(pause_seconds * random.random())
         stored = _read_for_close(read, store, job_id) or {}
