@@ -41,6 +41,10 @@ class RecordingClient:
     ``no_capacity`` names AZs whose spot launches fail with a real ``InsufficientInstanceCapacity``
     error response, the way EC2 answers when a pool is short. ``no_address_at_launch`` drops the
     private IPs from ``run_instances``' answer, as EC2 may before it assigns them.
+    ``not_yet_visible`` fails the next ``create_tags`` calls whatever they name; ``unknown_to_tags``
+    maps an instance id to the ``create_tags`` calls naming it that still fail, and
+    ``unknown_to_all`` names ids that ``create_tags`` and ``terminate_instances`` never find; a
+    failed call changes nothing, as on EC2.
     """
 
     def __init__(
@@ -53,6 +57,8 @@ class RecordingClient:
         self.terminations: list[list[str]] = []
         self.tag_calls: list[dict[str, Any]] = []
         self.not_yet_visible = 0  # the next create_tags calls that find no instance yet
+        self.unknown_to_tags: dict[str, int] = {}
+        self.unknown_to_all: set[str] = set()
         self.no_address_at_launch = False
 
     def __getattr__(self, name: str) -> Any:
@@ -71,6 +77,9 @@ class RecordingClient:
         return response
 
     def terminate_instances(self, **params: Any) -> dict[str, Any]:
+        unknown = [i for i in params["InstanceIds"] if i in self.unknown_to_all]
+        if unknown:
+            raise not_found(unknown[0], "TerminateInstances")
         self.terminations.append(list(params["InstanceIds"]))
         return self._client.terminate_instances(**params)
 
@@ -78,9 +87,19 @@ class RecordingClient:
         self.tag_calls.append(params)
         if self.not_yet_visible:  # as EC2 answers about an instance launched a moment ago
             self.not_yet_visible -= 1
-            error = {"Code": "InvalidInstanceID.NotFound", "Message": f"The instance ID '{params['Resources'][0]}' does not exist"}
-            raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 400}}, "CreateTags")
+            raise not_found(params["Resources"][0], "CreateTags")
+        unknown = [i for i in params["Resources"] if self.unknown_to_tags.get(i) or i in self.unknown_to_all]
+        for instance_id in params["Resources"]:
+            if self.unknown_to_tags.get(instance_id):
+                self.unknown_to_tags[instance_id] -= 1
+        if unknown:
+            raise not_found(unknown[0], "CreateTags")
         return self._client.create_tags(**params)
+
+
+def not_found(instance_id: str, operation: str) -> ClientError:
+    error = {"Code": "InvalidInstanceID.NotFound", "Message": f"The instance ID '{instance_id}' does not exist"}
+    return ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
 
 
 @pytest.fixture
@@ -387,6 +406,39 @@ def test_release_ends_everything_is_safe_to_repeat_and_needs_only_the_job_id(cli
     after_crash.release(job)
     after_crash.release(TrainingJob(f"{job.job_id}-never", job.command, job.checkpoint_uri, POOLS))
     assert live(ec2, job) == {}
+
+
+def test_release_ends_every_instance_when_create_tags_does_not_know_a_fresh_one_yet(client, ec2, job):
+    sleeps: list[float] = []
+    backend = make_backend(client, sleep=sleeps.append)
+    backend.reconcile(job, Allocation((2, 0), 1))
+    fresh = sorted(live(ec2, job))[-1]  # as if launched a moment ago
+    client.unknown_to_tags[fresh] = 3  # the whole batch, then the fresh one alone, then its first retry
+
+    backend.release(job)
+    assert live(ec2, job) == {}
+    assert fresh not in client.terminations[0] and len(client.terminations[0]) == 2  # the others did not wait for it
+    assert client.terminations[1:] == [[fresh]] and sleeps == [1.0, 2.0]
+    assert {i["TagMap"].get("spotsched:released") for i in described(ec2, job).values()} == {"true"}
+    status = backend.status(job)
+    assert {i.state for i in status.instances} == {InstanceState.RELEASED} and status.preemptions == 0
+
+
+def test_release_ends_what_ec2_knows_and_names_what_it_never_finds(client, ec2, job):
+    sleeps: list[float] = []
+    backend = make_backend(client, sleep=sleeps.append)
+    backend.reconcile(job, Allocation((3, 0), 0))
+    known, untaggable, unknown = sorted(live(ec2, job))
+    client.unknown_to_tags[untaggable] = 1000  # create_tags never finds it, terminate_instances does
+    client.unknown_to_all.add(unknown)
+
+    with pytest.raises(BackendError, match=rf"could not terminate instance\(s\) {unknown}: .*NotFound"):
+        backend.release(job)
+    assert sleeps == list(RENDEZVOUS_PAUSES_S)
+    assert set(live(ec2, job)) == {unknown}  # may still run: the error says so
+    tags = {k: v["TagMap"] for k, v in described(ec2, job).items()}
+    assert tags[known]["spotsched:released"] == "true"
+    assert "spotsched:released" not in tags[untaggable]  # ended all the same, untagged
 
 
 def test_a_scale_down_interrupted_between_tag_and_terminate_is_finished_by_the_next_reconcile(client, ec2, job):

@@ -53,7 +53,10 @@ class FakeComputeEngine:
     """Instances per zone behind the REST paths of ``instances`` and ``zoneOperations``.
 
     Lists come in pages of one (the client must follow ``nextPageToken``); ``exhausted`` zones
-    answer inserts with the recorded ZONE_RESOURCE_POOL_EXHAUSTED operation.
+    answer inserts with the recorded ZONE_RESOURCE_POOL_EXHAUSTED operation. An insert of a name
+    in ``racing`` creates the VM (as an earlier, concurrent try of it would) but answers an
+    operation whose error is RESOURCE_ALREADY_EXISTS, with the HTTP status 409 where ``racing``
+    maps the name to True.
     """
 
     def __init__(self) -> None:
@@ -61,6 +64,7 @@ class FakeComputeEngine:
         self.operations: dict[str, list[dict[str, Any]]] = {}
         self.exhausted: set[str] = set()
         self.failing_deletes: set[str] = set()  # names whose next delete operation ends in an error
+        self.racing: dict[str, bool] = {}
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.lock = threading.Lock()
         self.addresses = iter(range(2, 250))
@@ -142,7 +146,13 @@ class FakeComputeEngine:
         instance["metadata"] = {**body.get("metadata", {}), "fingerprint": "fp-0", "kind": "compute#metadata"}
         instance["selfLink"] = instance["selfLink"].replace("instance-template", name).replace("us-central1-a", zone)
         self.instances[(zone, name)] = instance
-        return 200, self.operation(zone, name, "insert")
+        operation = self.operation(zone, name, "insert")
+        if name in self.racing:
+            message = f"The resource '{instance['selfLink'].split('/v1/')[-1]}' already exists"
+            operation["error"] = {"errors": [{"code": "RESOURCE_ALREADY_EXISTS", "message": message}]}
+            if self.racing[name]:
+                operation.update(httpErrorStatusCode=409, httpErrorMessage="CONFLICT")
+        return 200, operation
 
     @staticmethod
     def operation(zone: str, name: str, kind: str) -> dict[str, Any]:
@@ -277,6 +287,17 @@ def test_a_retried_insert_that_finds_its_instance_counts_it_as_launched(gce):
     backend.reconcile(JOB, Allocation((1, 0), 0))
     assert outcomes[0].launched == 1 and outcomes[0].reason == ""
     assert len([k for k in gce.instances if k[1] == name]) == 1
+
+
+@pytest.mark.parametrize("http_status", [True, False], ids=["409", "no-http-status"])
+def test_an_insert_whose_operation_says_already_exists_counts_as_launched(gce, http_status):
+    name = f"{name_prefix(JOB.job_id)}-g1-p0-0"
+    gce.racing[name] = http_status
+    outcomes: list[LaunchOutcome] = []
+    status = make_backend(gce, recorder=outcomes.append).reconcile(JOB, Allocation((1, 0), 0))
+    assert [(o.launched, o.reason) for o in outcomes] == [(1, "")]
+    assert [i.instance_id for i in status.instances] == [name] and status.active(POOLS) == Allocation((1, 0), 0)
+    assert [n for _, n in gce.instances] == [name]
 
 
 def test_scale_down_deletes_the_newest_of_the_shrunk_pool(gce):

@@ -84,8 +84,9 @@ _TOKEN_WINDOW_SECONDS = 600
 _TERMINATE_BATCH = 1000  # terminate_instances takes at most 1000 ids per call
 
 RENDEZVOUS_PAUSES_S = (1.0, 2.0, 4.0, 8.0, 15.0)
-"""Pauses between tries to publish a rendezvous that EC2 does not show yet (30 s in all): its
-eventual-consistency delays are seconds, and the next reconcile is a slot away."""
+"""Pauses between tries to publish a rendezvous, or tag an instance released, that EC2 does not
+show yet (30 s in all): its eventual-consistency delays are seconds, and the next reconcile is a
+slot away."""
 
 ON_DEMAND_QUOTAS = {"standard": "L-1216C47A", "p": "L-417A185B", "g": "L-DB2E81BA", "vt": "L-DB2E81BA"}
 """Service Quotas codes of "Running On-Demand <family> instances" (vCPUs), by instance family."""
@@ -158,8 +159,8 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
     ``iam_instance_profile`` (a name or an ARN) gives instances their checkpoint-store access and
     the ``ec2:CreateTags`` right on themselves to report a result; no credential ever goes in the
     user data. ``quotas_client`` (a boto3 ``service-quotas`` client) lets :meth:`instance_limit`
-    read the account's on-demand quota. ``sleep`` waits between rendezvous tries (tests pass a
-    recorder).
+    read the account's on-demand quota. ``sleep`` waits between tries of a rendezvous or a release
+    tag that EC2 does not show yet (tests pass a recorder).
     """
 
     name = "ec2"
@@ -277,17 +278,73 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
             self._terminate(pending)
 
     def _terminate(self, instances: list[_Instance]) -> None:
-        """Tag first, then terminate: the tag tells our terminations from preemptions."""
-        ids = [i.instance_id for i in instances]
-        for start in range(0, len(ids), _TERMINATE_BATCH):
-            batch = ids[start : start + _TERMINATE_BATCH]
-            self.client.create_tags(Resources=batch, Tags=[{"Key": TAG_RELEASED, "Value": "true"}])
-            self.client.terminate_instances(InstanceIds=batch)
-        for i in instances:
-            i.tags[TAG_RELEASED] = "true"
-            i.state = "shutting-down" if i.state not in _GONE else i.state
-        if ids:
-            log.info("terminated %d instance(s): %s", len(ids), ", ".join(ids))
+        """Tag first, then terminate: the tag tells our terminations from preemptions (to the next
+        reconcile, and to a retried task re-attaching after a release), and a crash between the two
+        leaves a tag that :meth:`_finish_releases` acts on.
+
+        EC2 may not know an instance launched a moment ago yet, and ``InvalidInstanceID.NotFound``
+        fails a whole call: the others are tagged and terminated without it at once, and it is
+        tried again after each of :data:`RENDEZVOUS_PAUSES_S`. Past them it is terminated untagged
+        (its status then reads as ended outside spotsched: preempted, or failed if on demand); one
+        that EC2 does not know even for that may still run, and a :class:`BackendError` names it.
+        """
+        unknown = instances
+        for pause in (*RENDEZVOUS_PAUSES_S, None):
+            unknown = self._tag_and_terminate(unknown)
+            if not unknown or pause is None:
+                break
+            log.info("EC2 does not know %s yet; tagging it released again in %g s", _ids(unknown), pause)
+            self.sleep(pause)
+        lost: list[_Instance] = []
+        for instance in unknown:  # one call each: an id EC2 does not know fails the whole call
+            try:
+                self.client.terminate_instances(InstanceIds=[instance.instance_id])
+            except ClientError as error:
+                if not _not_found(error):
+                    raise
+                lost.append(instance)
+                continue
+            instance.state = "shutting-down" if instance.state not in _GONE else instance.state
+            log.warning("terminated %s without the %s tag (create_tags did not find it): its status reads "
+                        "as ended outside spotsched", instance.instance_id, TAG_RELEASED)
+        ended = [i for i in instances if i not in lost]
+        if ended:
+            log.info("terminated %d instance(s): %s", len(ended), _ids(ended))
+        if lost:
+            raise BackendError(
+                f"could not terminate instance(s) {_ids(lost)}: EC2 still answers InvalidInstanceID.NotFound after "
+                f"{sum(RENDEZVOUS_PAUSES_S):g} s, and they may run and bill; release the job again, or terminate them "
+                f"by their {TAG_JOB} tag"
+            )
+
+    def _tag_and_terminate(self, instances: list[_Instance]) -> list[_Instance]:
+        """Tag ``instances`` released and terminate them, in batches; return those EC2 does not know
+        yet."""
+        unknown: list[_Instance] = []
+        for start in range(0, len(instances), _TERMINATE_BATCH):
+            batch = instances[start : start + _TERMINATE_BATCH]
+            if not self._tag_released(batch):  # find the unknown id(s) by tagging one instance at a time
+                unseen = batch if len(batch) == 1 else [i for i in batch if not self._tag_released([i])]
+                unknown += unseen
+                batch = [i for i in batch if i not in unseen]
+            if batch:
+                self.client.terminate_instances(InstanceIds=[i.instance_id for i in batch])
+            for i in batch:
+                i.tags[TAG_RELEASED] = "true"
+                i.state = "shutting-down" if i.state not in _GONE else i.state
+        return unknown
+
+    def _tag_released(self, instances: list[_Instance]) -> bool:
+        """Tag ``instances`` released; False when EC2 does not know one of them yet (none is tagged then)."""
+        try:
+            self.client.create_tags(
+                Resources=[i.instance_id for i in instances], Tags=[{"Key": TAG_RELEASED, "Value": "true"}]
+            )
+        except ClientError as error:
+            if not _not_found(error):
+                raise
+            return False
+        return True
 
     def _next_generation(self, job: TrainingJob, known: list[_Instance]) -> int:
         return 1 + max((i.generation for i in known), default=0)
@@ -415,8 +472,7 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
                     Resources=[instance.instance_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
                 )
             except ClientError as error:
-                # An instance launched a moment ago may not be known yet to other calls.
-                if error.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
+                if not _not_found(error):
                     raise
                 return f"{instance.instance_id} to be visible to EC2"
             instance.tags.update(tags)
@@ -429,6 +485,15 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         for seen in self._describe({"instance-id": list(by_id)}):
             if seen.instance_id in by_id and seen.private_ip:
                 by_id[seen.instance_id].private_ip = seen.private_ip
+
+
+def _not_found(error: ClientError) -> bool:
+    """EC2 does not know an instance of the call: one launched a moment ago may not be visible yet."""
+    return bool(error.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound")
+
+
+def _ids(instances: list[_Instance]) -> str:
+    return ", ".join(i.instance_id for i in instances)
 
 
 def _state(instance: _Instance) -> InstanceState:

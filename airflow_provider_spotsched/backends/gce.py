@@ -4,9 +4,10 @@ Every instance carries the labels ``spotsched-job-id`` (:func:`job_label`: the j
 label-safe), ``spotsched-pool`` (``p<index>`` of the pool in ``job.pools``, or ``od``),
 ``spotsched-capacity`` (``spot``/``standard``) and ``spotsched-generation``. Instance names are
 deterministic, ``<job prefix>-g<generation>-<pool>-<index>``, so a retried insert answers
-409 ALREADY_EXISTS (taken as success) instead of creating a duplicate. Spot VMs use
-``provisioning_model=SPOT`` with ``instance_termination_action=DELETE``: a preempted VM deletes
-itself, nothing is left behind.
+409 ALREADY_EXISTS instead of creating a duplicate: on the call, or in its operation's error
+(``RESOURCE_ALREADY_EXISTS``, when an earlier try was still running), it counts as launched.
+Spot VMs use ``provisioning_model=SPOT`` with ``instance_termination_action=DELETE``: a
+preempted VM deletes itself, nothing is left behind.
 
 Rendezvous: the ``startup-script`` metadata (:mod:`~airflow_provider_spotsched.backends.bootstrap`)
 waits for the metadata attributes ``spotsched-generation``, ``spotsched-rank``,
@@ -69,6 +70,7 @@ PREEMPTED_OPERATION = "compute.instances.preempted"
 _PENDING = ("PROVISIONING", "STAGING", "REPAIRING")
 _STOPPED = ("STOPPING", "TERMINATED")
 _OPERATION_TIMEOUT_S = 600
+_ALREADY_EXISTS = "RESOURCE_ALREADY_EXISTS"  # an insert operation's error when a racing try made the VM
 
 
 def job_label(job_id: str) -> str:
@@ -348,12 +350,14 @@ class GceBackend(CloudBackend[_Vm, str]):
             try:
                 operation.result(timeout=_OPERATION_TIMEOUT_S)
             except Conflict:
-                pass  # created by an earlier try of this insert
+                launched.append(name)  # created by an earlier try of this insert, which raced this one
+                continue
             except GoogleAPICallError as exc:
                 reason = _capacity_reason(exc, name)
                 continue
-            if operation.error and operation.error.errors:  # an error without an HTTP status
-                reason = _capacity_reason(GoogleAPICallError(str(operation.error.errors)), name)
+            errors = operation.error.errors if operation.error else []
+            if errors and not any(e.code == _ALREADY_EXISTS for e in errors):  # an error without an HTTP status
+                reason = _capacity_reason(GoogleAPICallError(str(errors)), name)
                 continue
             launched.append(name)
         return launched, reason
