@@ -4,7 +4,7 @@ Every Friday at 18:00 UTC this pipeline retrains on the week's tickets and must 
 version registered by Monday 08:00 UTC, when the support team starts the week:
 
 1. ``prepare_dataset`` reads the week's raw tickets from S3, keeps the valid ones, writes the
-   training text and the training runtime's CONFIG.json next to it, and refuses a week with
+   training text and the training runtime's CONFIG.json next to it, and skips a week with
    too little data (retraining on it would only add noise);
 2. ``fine_tune`` (:class:`DeadlineSpotFineTuneOperator`) trains on ``g5.xlarge`` instances over
    the weekend, on spot in three us-east-1 availability zones while spot is cheap and
@@ -25,6 +25,7 @@ import json
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, ObjectStoragePath, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.operators.fine_tune import DeadlineSpotFineTuneOperator
@@ -77,7 +78,9 @@ with DAG(
                         lines.append(f"Question: {question}\nAnswer: {answer}\n")
             day += timedelta(days=1)
         if len(lines) < MIN_TICKETS:
-            raise ValueError(f"only {len(lines)} valid tickets between {week_start} and {data_interval_end}; need {MIN_TICKETS}")
+            raise AirflowSkipException(  # the week's run is skipped, fine-tuning included: nothing to retry
+                f"only {len(lines)} valid tickets between {week_start} and {data_interval_end}; need {MIN_TICKETS}"
+            )
         run_dir = ObjectStoragePath(f"{WORK_ROOT}/{ds}", conn_id="aws_default")
         (run_dir / "train.txt").write_text("\n".join(lines))
         config = {

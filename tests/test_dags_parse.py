@@ -79,7 +79,13 @@ for back in range(10):  # one ticket a day, from ten days before the run to the 
     day = run - timedelta(days=back)
     (raw / f"{{day:%Y-%m-%d}}.jsonl").write_text(json.dumps({{"question": f"q{{back}}", "answer": "a"}}) + "\\n")
 # Airflow 3's cron schedule gives the run an empty data interval: start == end == the run's time
-print(json.dumps(weekly.prepare_dataset.function(data_interval_end=run, ds="2025-09-12")))
+prepared = weekly.prepare_dataset.function(data_interval_end=run, ds="2025-09-12")
+weekly.MIN_TICKETS = 8  # a thin week is skipped, not failed and retried
+try:
+    weekly.prepare_dataset.function(data_interval_end=run, ds="2025-09-12")
+except Exception as thin:
+    prepared["thin_week"] = type(thin).__name__
+print(json.dumps(prepared))
 """
 
 
@@ -92,5 +98,6 @@ def test_the_weekly_dag_trains_on_the_week_before_its_run_although_its_data_inte
     assert done.returncode == 0, done.stderr[-4000:]
     prepared = json.loads(done.stdout.strip().splitlines()[-1])
     assert prepared["tickets"] == 7  # 2025-09-05 .. 2025-09-11: the seven days before Friday 18:00
+    assert prepared["thin_week"] == "AirflowSkipException"
     train = (tmp_path / "acme-ml/support/retraining/2025-09-12/train.txt").read_text()
     assert "q7" in train and "q1" in train and "q0" not in train and "q8" not in train
