@@ -97,7 +97,7 @@ def test_a_live_market_whose_data_lags_the_clock_is_forecast_with_its_staleness(
 
 
 def test_bad_input_is_refused_with_the_field_to_fix():
-    with pytest.raises(ValueError, match="model 'prophet' is unknown"):
+    with pytest.raises(ValueError, match=r"^model='prophet': not a forecaster of a live market; choose one of \['arima', "):
         SpotMarketForecastOperator(task_id="f", market="gcp", model="prophet")
     with pytest.raises(ValueError, match="horizon must be 1..48"):
         SpotMarketForecastOperator(task_id="f", market="gcp", horizon=100)
@@ -112,6 +112,15 @@ def test_bad_input_is_refused_with_the_field_to_fix():
     for tiny in (1e-9, 0, float("nan")):  # refused when the DAG is parsed, not by running out of memory
         with pytest.raises(ValueError, match="slot_hours="):
             SpotMarketForecastOperator(task_id="f", market="gcp", slot_hours=tiny)
+
+
+def test_the_oracle_is_refused_when_the_dag_is_parsed():
+    """It reads the future, so it cannot forecast a live market: refused naming the field and the choices,
+    not when the task runs with the oracle's own 'call reveal(...)'."""
+    message = r"^model='oracle': not a forecaster of a live market; choose one of \[.*'sojourn-chain'\]$"
+    with pytest.raises(ValueError, match=message) as refusal:
+        SpotMarketForecastOperator(task_id="f", market="gcp", model="oracle")
+    assert "'oracle'" not in str(refusal.value).split("choose one of")[1]
 
 
 @pytest.mark.parametrize("pools", ["us-east4-a,europe-west1-c", "us-east4-a"])
