@@ -123,6 +123,39 @@ def test_the_oracle_is_refused_when_the_dag_is_parsed():
     assert "'oracle'" not in str(refusal.value).split("choose one of")[1]
 
 
+@pytest.mark.parametrize(("slot_hours", "history_hours", "least"), [(1.0, 12, 24), (0.25, 23.9, 24), (48.0, 24.0, 48)])
+def test_less_history_than_a_forecast_needs_is_refused_when_the_dag_is_parsed(slot_hours, history_hours, least):
+    """Every run would fail, and the run-time advice (a later at) cannot help: the window moves with at.
+    The need is in slots (a day of them, and at least 2), so a slot longer than a day needs more hours."""
+    message = rf"^history_hours={history_hours!r}: a forecast needs .* give history_hours >= {least}$"
+    with pytest.raises(ValueError, match=message):
+        SpotMarketForecastOperator(task_id="f", market="gcp", slot_hours=slot_hours, history_hours=history_hours)
+
+
+def hourly_trace(path, days: int = 3):
+    """One pool ticking on the hour for ``days`` days from 2025-01-01."""
+    start = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    rows = [f"{(start + timedelta(hours=h)).strftime('%Y-%m-%dT%H:%M:%SZ')},a,1.0,4,5.0" for h in range(24 * days)]
+    path.write_text("timestamp,market,spot_price,available,on_demand_price\n" + "\n".join(rows) + "\n")
+    return str(path)
+
+
+def test_a_window_too_short_at_run_time_names_history_hours_not_a_later_at(tmp_path):
+    """Quarter-hour slots of an hourly feed: 24 h before 12:30 start at the 13:00 tick, 95 slots of the 96
+    needed. A later at moves the window along; what helps is more history_hours. A market that starts
+    too late for at still gets the advice of a later at."""
+    trace = hourly_trace(tmp_path / "hourly.csv")
+    common = dict(market=trace, slot_hours=0.25, model="persistence", horizon=2)
+    short = SpotMarketForecastOperator(task_id="f", at="2025-01-03T12:30:00Z", history_hours=24.0, **common)
+    message = r"^history_hours=24 leaves 95 slot\(s\) .*needs at least 96 .*raise history_hours by at least 0.25$"
+    with pytest.raises(TraceError, match=message):
+        short.execute({})
+    assert SpotMarketForecastOperator(task_id="f", at="2025-01-03T12:30:00Z", history_hours=25.0, **common).execute({})
+    early = SpotMarketForecastOperator(task_id="f", at="2025-01-01T12:30:00Z", history_hours=72.0, **common)
+    with pytest.raises(TraceError, match=r"leaves 51 slot\(s\) .*choose an --at at or after 2025-01-01T23:45:00Z$"):
+        early.execute({})
+
+
 @pytest.mark.parametrize("pools", ["us-east4-a,europe-west1-c", "us-east4-a"])
 def test_pools_rendered_to_one_string_are_read_comma_separated(pools):
     """pools is templated, so it renders to text: "us-east4-a" is one pool, not ten letters."""

@@ -21,6 +21,7 @@ from airflow_provider_spotsched.forecast.snapshot import (
     DEFAULT_HISTORY_HOURS,
     MAX_HORIZON,
     MAX_STALENESS_HOURS,
+    check_history_hours,
     forecast_document,
     slot_snapshot_at,
 )
@@ -46,7 +47,8 @@ class SpotMarketForecastOperator(BaseOperator):
         the ``"oracle"``, which reads the future.
     :param horizon: slots to forecast, 1..48.
     :param at_least: counts n for which the document gives P(available >= n) (1 always).
-    :param history_hours: hours of history before ``at`` to read.
+    :param history_hours: hours of history before ``at`` to read: a day or more (a forecast needs
+        a day of slots), at least one slot before ``at``'s where a slot is longer.
     :param max_staleness_hours: how far ``at`` may lie after the newest tick.
     """
 
@@ -75,6 +77,7 @@ class SpotMarketForecastOperator(BaseOperator):
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in at_least):
             raise ValueError(f"at_least must hold instance counts >= 1, got {list(at_least)!r}")
         check_field("slot_hours", slot_hours)  # a minute or more: a slot of 1e-9 h would ask for terabytes of slots
+        check_history_hours(history_hours, slot_hours)  # a day or more: less would fail every run
         if isinstance(max_staleness_hours, bool) or not isinstance(max_staleness_hours, (int, float)) \
                 or not max_staleness_hours >= 0:
             raise ValueError(f"max_staleness_hours must be a number >= 0, got {max_staleness_hours!r}")
