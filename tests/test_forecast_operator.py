@@ -132,10 +132,11 @@ def test_less_history_than_a_forecast_needs_is_refused_when_the_dag_is_parsed(sl
         SpotMarketForecastOperator(task_id="f", market="gcp", slot_hours=slot_hours, history_hours=history_hours)
 
 
-def hourly_trace(path, days: int = 3):
-    """One pool ticking on the hour for ``days`` days from 2025-01-01."""
+def hourly_trace(path, hours: dict[str, int] | None = None):
+    """Pools ticking on the hour from 2025-01-01 for so many hours (default pool a for 3 days)."""
     start = datetime(2025, 1, 1, tzinfo=timezone.utc)
-    rows = [f"{(start + timedelta(hours=h)).strftime('%Y-%m-%dT%H:%M:%SZ')},a,1.0,4,5.0" for h in range(24 * days)]
+    rows = [f"{(start + timedelta(hours=h)).strftime('%Y-%m-%dT%H:%M:%SZ')},{pool},1.0,4,5.0"
+            for h in range(72) for pool, until in (hours or {"a": 72}).items() if h < until]
     path.write_text("timestamp,market,spot_price,available,on_demand_price\n" + "\n".join(rows) + "\n")
     return str(path)
 
@@ -154,6 +155,20 @@ def test_a_window_too_short_at_run_time_names_history_hours_not_a_later_at(tmp_p
     early = SpotMarketForecastOperator(task_id="f", at="2025-01-01T12:30:00Z", history_hours=72.0, **common)
     with pytest.raises(TraceError, match=r"leaves 51 slot\(s\) .*choose an --at at or after 2025-01-01T23:45:00Z$"):
         early.execute({})
+
+
+def test_a_pool_without_ticks_in_the_window_is_refused_as_such_not_as_unknown(tmp_path):
+    """Pool gone ticked on day 1 only. The 36 h before day 3's 23:00 hold none of its ticks: the window
+    cannot say how old its last one is, so it is refused naming history_hours, not called unknown.
+    A window that reaches its last tick forecasts it as stale, as the CLI does on the whole trace."""
+    trace = hourly_trace(tmp_path / "gaps.csv", {"a": 72, "gone": 24})
+    common = dict(market=trace, pools=["a", "gone"], at="2025-01-03T23:00:00Z", model="persistence", horizon=2)
+    message = (r"^pools=\['gone'\]: no tick in the 36 h before at 2025-01-03T23:00:00Z \(history_hours\) in .*gaps.csv, "
+               r"whose pools with ticks then are \['a'\]; raise history_hours, or check the feed and the pool names$")
+    with pytest.raises(TraceError, match=message):
+        SpotMarketForecastOperator(task_id="f", history_hours=36.0, **common).execute({})
+    document = SpotMarketForecastOperator(task_id="f", history_hours=72.0, **common).execute({})
+    assert document["pools"]["gone"]["stale"] and document["pools"]["gone"]["available"] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize("pools", ["us-east4-a,europe-west1-c", "us-east4-a"])

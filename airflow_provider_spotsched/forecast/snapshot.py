@@ -263,11 +263,21 @@ def slot_snapshot_at(
 
     Reads ``history_hours`` before ``at`` and one slot after it: a replayed trace has ticks
     after ``at`` (:func:`snapshot_at` reads nothing after ``at``); a live market has none, and
-    its newest tick may be up to ``max_staleness_hours`` older than ``at``.
+    its newest tick may be up to ``max_staleness_hours`` older than ``at``. A named pool without
+    a tick in that window is refused as such, not as unknown: the window cannot tell a pool whose
+    feed went quiet from a misspelt one, nor say how old its last tick is (the CLI, reading the
+    whole trace, calls it stale).
     """
     if not history_hours > 0:
         raise ValueError(f"history_hours must be > 0, got {history_hours!r}")
     trace = source.observe(at - timedelta(hours=history_hours), at + timedelta(hours=slot_hours))
     if not trace.pools:
         raise ValueError(f"the market has no ticks in the {history_hours:g} h before {at.isoformat()}; check the market and at")
+    quiet = [name for name in pools or () if name not in trace.pools]
+    if quiet:
+        raise TraceError(
+            f"pools={quiet}: no tick in the {history_hours:g} h before at {format_timestamp(at)} (history_hours) in "
+            f"{trace.source}, whose pools with ticks then are {trace.names}; raise history_hours, or check the feed "
+            f"and the pool names"
+        )
     return snapshot_at(trace, at, slot_hours, list(pools) if pools else None, max_staleness_hours, history_hours)
