@@ -97,7 +97,7 @@ def test_a_live_market_whose_data_lags_the_clock_is_forecast_with_its_staleness(
 
 
 def test_bad_input_is_refused_with_the_field_to_fix():
-    with pytest.raises(ValueError, match="model 'prophet' is unknown"):
+    with pytest.raises(ValueError, match=r"^model='prophet': not a forecaster of a live market; choose one of \['arima', "):
         SpotMarketForecastOperator(task_id="f", market="gcp", model="prophet")
     with pytest.raises(ValueError, match="horizon must be 1..48"):
         SpotMarketForecastOperator(task_id="f", market="gcp", horizon=100)
@@ -112,6 +112,63 @@ def test_bad_input_is_refused_with_the_field_to_fix():
     for tiny in (1e-9, 0, float("nan")):  # refused when the DAG is parsed, not by running out of memory
         with pytest.raises(ValueError, match="slot_hours="):
             SpotMarketForecastOperator(task_id="f", market="gcp", slot_hours=tiny)
+
+
+def test_the_oracle_is_refused_when_the_dag_is_parsed():
+    """It reads the future, so it cannot forecast a live market: refused naming the field and the choices,
+    not when the task runs with the oracle's own 'call reveal(...)'."""
+    message = r"^model='oracle': not a forecaster of a live market; choose one of \[.*'sojourn-chain'\]$"
+    with pytest.raises(ValueError, match=message) as refusal:
+        SpotMarketForecastOperator(task_id="f", market="gcp", model="oracle")
+    assert "'oracle'" not in str(refusal.value).split("choose one of")[1]
+
+
+@pytest.mark.parametrize(("slot_hours", "history_hours", "least"), [(1.0, 12, 24), (0.25, 23.9, 24), (48.0, 24.0, 48)])
+def test_less_history_than_a_forecast_needs_is_refused_when_the_dag_is_parsed(slot_hours, history_hours, least):
+    """Every run would fail, and the run-time advice (a later at) cannot help: the window moves with at.
+    The need is in slots (a day of them, and at least 2), so a slot longer than a day needs more hours."""
+    message = rf"^history_hours={history_hours!r}: a forecast needs .* give history_hours >= {least}$"
+    with pytest.raises(ValueError, match=message):
+        SpotMarketForecastOperator(task_id="f", market="gcp", slot_hours=slot_hours, history_hours=history_hours)
+
+
+def hourly_trace(path, hours: dict[str, int] | None = None):
+    """Pools ticking on the hour from 2025-01-01 for so many hours (default pool a for 3 days)."""
+    start = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    rows = [f"{(start + timedelta(hours=h)).strftime('%Y-%m-%dT%H:%M:%SZ')},{pool},1.0,4,5.0"
+            for h in range(72) for pool, until in (hours or {"a": 72}).items() if h < until]
+    path.write_text("timestamp,market,spot_price,available,on_demand_price\n" + "\n".join(rows) + "\n")
+    return str(path)
+
+
+def test_a_window_too_short_at_run_time_names_history_hours_not_a_later_at(tmp_path):
+    """Quarter-hour slots of an hourly feed: 24 h before 12:30 start at the 13:00 tick, 95 slots of the 96
+    needed. A later at moves the window along; what helps is more history_hours. A market that starts
+    too late for at still gets the advice of a later at."""
+    trace = hourly_trace(tmp_path / "hourly.csv")
+    common = dict(market=trace, slot_hours=0.25, model="persistence", horizon=2)
+    short = SpotMarketForecastOperator(task_id="f", at="2025-01-03T12:30:00Z", history_hours=24.0, **common)
+    message = r"^history_hours=24 leaves 95 slot\(s\) .*needs at least 96 .*raise history_hours by at least 0.25$"
+    with pytest.raises(TraceError, match=message):
+        short.execute({})
+    assert SpotMarketForecastOperator(task_id="f", at="2025-01-03T12:30:00Z", history_hours=25.0, **common).execute({})
+    early = SpotMarketForecastOperator(task_id="f", at="2025-01-01T12:30:00Z", history_hours=72.0, **common)
+    with pytest.raises(TraceError, match=r"leaves 51 slot\(s\) .*choose an --at at or after 2025-01-01T23:45:00Z$"):
+        early.execute({})
+
+
+def test_a_pool_without_ticks_in_the_window_is_refused_as_such_not_as_unknown(tmp_path):
+    """Pool gone ticked on day 1 only. The 36 h before day 3's 23:00 hold none of its ticks: the window
+    cannot say how old its last one is, so it is refused naming history_hours, not called unknown.
+    A window that reaches its last tick forecasts it as stale, as the CLI does on the whole trace."""
+    trace = hourly_trace(tmp_path / "gaps.csv", {"a": 72, "gone": 24})
+    common = dict(market=trace, pools=["a", "gone"], at="2025-01-03T23:00:00Z", model="persistence", horizon=2)
+    message = (r"^pools=\['gone'\]: no tick in the 36 h before at 2025-01-03T23:00:00Z \(history_hours\) in .*gaps.csv, "
+               r"whose pools with ticks then are \['a'\]; raise history_hours, or check the feed and the pool names$")
+    with pytest.raises(TraceError, match=message):
+        SpotMarketForecastOperator(task_id="f", history_hours=36.0, **common).execute({})
+    document = SpotMarketForecastOperator(task_id="f", history_hours=72.0, **common).execute({})
+    assert document["pools"]["gone"]["stale"] and document["pools"]["gone"]["available"] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize("pools", ["us-east4-a,europe-west1-c", "us-east4-a"])

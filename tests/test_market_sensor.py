@@ -123,6 +123,10 @@ def test_bad_conditions_are_refused_with_the_field_to_fix(tmp_path):
         StartConditions(min_available=2, min_probability=1.5)
     with pytest.raises(ValueError, match="deadline_hours"):
         StartConditions(job={**JOB, "deadline_hours": 1.0})
+    for name in ("oracle", "prophet"):  # the oracle reads the future: refused before the wait, not in the triggerer
+        message = rf"^forecaster='{name}': not a forecaster of a live market; choose one of \[.*'sojourn-chain'\]$"
+        with pytest.raises(ValueError, match=message):
+            StartConditions(min_available=2, forecaster=name)
     with pytest.raises(ValueError, match="market_start and seconds_per_slot"):
         SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, market_start="2025-10-11T04:00:00Z")
 

@@ -37,6 +37,23 @@ MIN_HISTORY_HOURS = 24.0
 DEFAULT_HISTORY_HOURS = 14 * 24.0
 """Two weeks: the longest history the forecasters' daily and weekly patterns use."""
 
+def history_slots(slot_hours: float) -> int:
+    """The slots of history a forecast needs up to ``at``'s: :data:`MIN_HISTORY_HOURS` of them, and at least 2."""
+    return max(2, math.ceil(MIN_HISTORY_HOURS / slot_hours - 1e-9))
+
+
+def check_history_hours(history_hours: float, slot_hours: float) -> None:
+    """Refuse a ``history_hours`` window that cannot hold :func:`history_slots` slots before any
+    ``at`` (a day, or one slot before ``at``'s where a slot is longer), naming the field: every run
+    would fail, and the CLI's advice (a later ``--at``) cannot help a window that moves with ``at``."""
+    least = max(MIN_HISTORY_HOURS, (history_slots(slot_hours) - 1) * slot_hours)
+    if isinstance(history_hours, bool) or not isinstance(history_hours, (int, float)) or not history_hours >= least:
+        raise ValueError(
+            f"history_hours={history_hours!r}: a forecast needs {history_slots(slot_hours)} slots of {slot_hours:g} h "
+            f"of history, at least {least:g} h before at; give history_hours >= {least:g}"
+        )
+
+
 MAX_STALENESS_HOURS = 1.0
 """How far ``at`` may lie after the newest tick: a live feed minutes behind the clock is the
 normal case; one a whole slot behind is broken, and its forecast would start from a guess."""
@@ -101,13 +118,15 @@ def snapshot_at(
     slot_hours: float = 1.0,
     pools: Sequence[str] | None = None,
     max_staleness_hours: float = MAX_STALENESS_HOURS,
+    history_hours: float | None = None,
 ) -> Snapshot:
     """The market at ``at`` in slots of ``slot_hours`` back to the trace's start, the last one
     starting at ``at``, with each pool's last tick.
 
     Refuses an ``at`` before the trace or more than ``max_staleness_hours`` after its newest
     tick, less than :data:`MIN_HISTORY_HOURS` of history, and pools that are unknown or have no
-    tick by ``at``.
+    tick by ``at``. ``history_hours``: the trace was read from that many hours before ``at``
+    (:func:`slot_snapshot_at`), so a short history that starts there is the window's, not the market's.
     """
     if not slot_hours > 0:
         raise ValueError(f"slot_hours must be > 0, got {slot_hours}")
@@ -133,7 +152,13 @@ def snapshot_at(
         raise TraceError(f"pool(s) {late} have no tick at or before --at {format_timestamp(at)}; choose a later --at")
     step = slot_hours * 3600.0
     slots = int(math.floor((at.timestamp() - first) / step + 1e-9)) + 1
-    needed = max(2, math.ceil(MIN_HISTORY_HOURS / slot_hours - 1e-9))
+    needed = history_slots(slot_hours)
+    if slots < needed and history_hours is not None and _cut_by_window(known, at.timestamp() - history_hours * 3600.0):
+        raise TraceError(
+            f"history_hours={history_hours:g} leaves {slots} slot(s) of {slot_hours:g} h of history before at "
+            f"{format_timestamp(at)} in {trace.source}; a forecast needs at least {needed} ({MIN_HISTORY_HOURS:g} h): "
+            f"raise history_hours by at least {(needed - slots) * slot_hours:g}"
+        )
     if slots < needed:
         raise TraceError(
             f"--at {format_timestamp(at)} leaves {slots} slot(s) of {slot_hours:g} h of history in {trace.source}; "
@@ -146,6 +171,16 @@ def snapshot_at(
         last_ticks={name: float(known.pools[name].times[-1]) for name in names},
         hole_seconds=HOLE_FACTOR * known.tick_seconds,
     )
+
+
+def _cut_by_window(trace: Trace, window_start: float) -> bool:
+    """Whether ``trace``'s first tick lies within 1.5 tick gaps of where it was read from: the
+    market went on before, and a longer window reads more of it."""
+    try:
+        gap = trace.tick_seconds
+    except TraceError:  # one tick per pool: the window is shorter than the market's tick gap
+        return True
+    return trace.first_time - window_start <= HOLE_FACTOR * gap
 
 
 def _age(seconds: float) -> str:
@@ -228,11 +263,21 @@ def slot_snapshot_at(
 
     Reads ``history_hours`` before ``at`` and one slot after it: a replayed trace has ticks
     after ``at`` (:func:`snapshot_at` reads nothing after ``at``); a live market has none, and
-    its newest tick may be up to ``max_staleness_hours`` older than ``at``.
+    its newest tick may be up to ``max_staleness_hours`` older than ``at``. A named pool without
+    a tick in that window is refused as such, not as unknown: the window cannot tell a pool whose
+    feed went quiet from a misspelt one, nor say how old its last tick is (the CLI, reading the
+    whole trace, calls it stale).
     """
     if not history_hours > 0:
         raise ValueError(f"history_hours must be > 0, got {history_hours!r}")
     trace = source.observe(at - timedelta(hours=history_hours), at + timedelta(hours=slot_hours))
     if not trace.pools:
         raise ValueError(f"the market has no ticks in the {history_hours:g} h before {at.isoformat()}; check the market and at")
-    return snapshot_at(trace, at, slot_hours, list(pools) if pools else None, max_staleness_hours)
+    quiet = [name for name in pools or () if name not in trace.pools]
+    if quiet:
+        raise TraceError(
+            f"pools={quiet}: no tick in the {history_hours:g} h before at {format_timestamp(at)} (history_hours) in "
+            f"{trace.source}, whose pools with ticks then are {trace.names}; raise history_hours, or check the feed "
+            f"and the pool names"
+        )
+    return snapshot_at(trace, at, slot_hours, list(pools) if pools else None, max_staleness_hours, history_hours)

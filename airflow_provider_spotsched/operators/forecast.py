@@ -16,11 +16,12 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
+from airflow_provider_spotsched.forecast import LIVE_FORECASTERS, make_forecaster
 from airflow_provider_spotsched.forecast.snapshot import (
     DEFAULT_HISTORY_HOURS,
     MAX_HORIZON,
     MAX_STALENESS_HOURS,
+    check_history_hours,
     forecast_document,
     slot_snapshot_at,
 )
@@ -42,10 +43,12 @@ class SpotMarketForecastOperator(BaseOperator):
         default the run's logical date, or now for a run without one. It may be up to
         ``max_staleness_hours`` later than the market's newest tick (live data lags the clock);
         the document then says how stale the data was (``staleness_seconds``).
-    :param model: a registered forecaster (default ``"auto"``: a model chosen per pool).
+    :param model: a forecaster of a live market (default ``"auto"``: a model chosen per pool); not
+        the ``"oracle"``, which reads the future.
     :param horizon: slots to forecast, 1..48.
     :param at_least: counts n for which the document gives P(available >= n) (1 always).
-    :param history_hours: hours of history before ``at`` to read.
+    :param history_hours: hours of history before ``at`` to read: a day or more (a forecast needs
+        a day of slots), at least one slot before ``at``'s where a slot is longer.
     :param max_staleness_hours: how far ``at`` may lie after the newest tick.
     """
 
@@ -67,13 +70,14 @@ class SpotMarketForecastOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if model not in FORECASTERS:
-            raise ValueError(f"model {model!r} is unknown; choose one of {sorted(FORECASTERS)}")
+        if model not in LIVE_FORECASTERS:  # the oracle reads the future: refused here, not when the task runs
+            raise ValueError(f"model={model!r}: not a forecaster of a live market; choose one of {sorted(LIVE_FORECASTERS)}")
         if isinstance(horizon, bool) or not isinstance(horizon, int) or not 1 <= horizon <= MAX_HORIZON:
             raise ValueError(f"horizon must be 1..{MAX_HORIZON} slots, got {horizon!r}")
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in at_least):
             raise ValueError(f"at_least must hold instance counts >= 1, got {list(at_least)!r}")
         check_field("slot_hours", slot_hours)  # a minute or more: a slot of 1e-9 h would ask for terabytes of slots
+        check_history_hours(history_hours, slot_hours)  # a day or more: less would fail every run
         if isinstance(max_staleness_hours, bool) or not isinstance(max_staleness_hours, (int, float)) \
                 or not max_staleness_hours >= 0:
             raise ValueError(f"max_staleness_hours must be a number >= 0, got {max_staleness_hours!r}")

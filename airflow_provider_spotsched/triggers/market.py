@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_spotsched.forecast import FORECASTERS, make_forecaster
+from airflow_provider_spotsched.forecast import LIVE_FORECASTERS, make_forecaster
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.market.feed import LiveMarketFeed, NoMarketData
 from airflow_provider_spotsched.market.slots import SlotMarket
@@ -65,8 +65,9 @@ class StartConditions:
             raise ValueError(f"min_probability must be in (0, 1], got {self.min_probability!r}")
         if not self.hours_ahead > 0:
             raise ValueError(f"hours_ahead must be > 0, got {self.hours_ahead!r}")
-        if self.forecaster not in FORECASTERS:
-            raise ValueError(f"forecaster {self.forecaster!r} is unknown; choose one of {sorted(FORECASTERS)}")
+        if self.forecaster not in LIVE_FORECASTERS:  # the oracle reads the future: refused at parse time, not in the triggerer
+            raise ValueError(f"forecaster={self.forecaster!r}: not a forecaster of a live market; "
+                             f"choose one of {sorted(LIVE_FORECASTERS)}")
         if self.job is not None:
             Job.from_dict(self.job).check_feasible()
 
