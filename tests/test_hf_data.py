@@ -319,69 +319,61 @@ def test_a_run_that_ended_between_its_last_checkpoint_and_the_export_exports_it_
     assert progress.status == "done" and progress.step == 4 and progress.samples_done == 32
 
 
-def test_a_resume_under_another_seq_len_exits_2_and_keeps_the_checkpoint_for_the_original_one(tmp_path, capsys):
+def refused_then_resumed(tmp_path: Path, capsys: pytest.CaptureFixture[str], refused: dict[str, Any], message: str,
+                         resumed: dict[str, Any]) -> tuple[Path, list[dict[str, Any]]]:
+    """Train 2 steps of 8 samples (checkpoint-2); a resume for 32 samples under ``refused`` exits 2 with ``message``
+    (``{uri}`` in it: the checkpoint's location) before training, leaving the checkpoint as it was; one under
+    ``resumed`` goes on from it. The job's URI and the last run's events."""
     config, uri = tmp_path / "config.json", tmp_path / "ckpt"
     config.write_text(json.dumps({**TINY_HF_JOB, "samples": 16}))
     assert run_inline(config, uri)[0] == EXIT_DONE
     checkpoint = uri / "checkpoints" / "checkpoint-2"
     stored = {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()}
 
-    # more samples: the job goes on from checkpoint-2, but with records cut at another length
-    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, "seq_len": 48}))
+    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, **refused}))
     code, events = run_inline(config, uri)
     assert code == EXIT_USAGE and not [e for e in events if e["event"] in ("log", "checkpoint")]
-    assert (f"checkpoint checkpoint-2 under {uri} was made with seq_len=32, and this config has seq_len=48: "
-            "its position (samples consumed) would continue over other samples. Restore seq_len=32 to resume it, "
-            "or give the job a new checkpoint URI") in capsys.readouterr().err
+    assert message.format(uri=uri) in capsys.readouterr().err
     assert {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()} == stored
 
-    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32}))
+    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, **resumed}))
     code, events = run_inline(config, uri)
     assert code == EXIT_DONE and events[0]["checkpoint"] == "checkpoint-2" and events[-1]["step"] == 4
+    return uri, events
+
+
+def test_a_resume_under_another_seq_len_exits_2_and_keeps_the_checkpoint_for_the_original_one(tmp_path, capsys):
+    # more samples: the job goes on from checkpoint-2, but with records cut at another length
+    refused_then_resumed(
+        tmp_path, capsys, {"seq_len": 48},
+        "checkpoint checkpoint-2 under {uri} was made with seq_len=32, and this config has seq_len=48: its position "
+        "(samples consumed) would continue over other samples. Restore seq_len=32 to resume it, or give the job a new "
+        "checkpoint URI",
+        {},
+    )
 
 
 def test_a_resume_under_other_lora_layers_exits_2_and_another_alpha_resumes(tmp_path, capsys):
-    config, uri = tmp_path / "config.json", tmp_path / "ckpt"
-    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 16}))
-    assert run_inline(config, uri)[0] == EXIT_DONE
-    checkpoint = uri / "checkpoints" / "checkpoint-2"
-    stored = {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()}
-
-    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, "lora": {"r": 4}}))  # the Trainer's load fails (exit 1)
-    code, events = run_inline(config, uri)
-    assert code == EXIT_USAGE and not [e for e in events if e["event"] in ("log", "checkpoint")]
-    assert (f"checkpoint checkpoint-2 under {uri} was made with lora.r=8, and this config has lora.r=4: its adapter's "
-            "LoRA layers do not fit this config's. Restore lora.r=8 to resume it") in capsys.readouterr().err
-    assert {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()} == stored
-
-    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, "lora": {"alpha": 8.0}}))
-    code, events = run_inline(config, uri)
-    assert code == EXIT_DONE and events[0]["checkpoint"] == "checkpoint-2" and events[-1]["step"] == 4
+    refused_then_resumed(  # under lora.r 4 the Trainer's load itself fails (exit 1)
+        tmp_path, capsys, {"lora": {"r": 4}},
+        "checkpoint checkpoint-2 under {uri} was made with lora.r=8, and this config has lora.r=4: its adapter's "
+        "LoRA layers do not fit this config's. Restore lora.r=8 to resume it",
+        {"lora": {"alpha": 8.0}},
+    )
 
 
 def test_a_resume_under_another_step_batch_exits_2_and_one_of_the_same_product_resumes(tmp_path, capsys):
-    config, uri = tmp_path / "config.json", tmp_path / "ckpt"
-    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 16}))  # 2 steps of 8: checkpoint-2, 16 samples
-    assert run_inline(config, uri)[0] == EXIT_DONE
-    checkpoint = uri / "checkpoints" / "checkpoint-2"
-    stored = {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()}
-
-    # the Trainer would resume at step 2 and count (and skip) 2 x 4 samples where 16 were consumed
-    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, "batch_size": 4}))
-    code, events = run_inline(config, uri)
-    assert code == EXIT_USAGE and not [e for e in events if e["event"] in ("log", "checkpoint")]
-    assert (f"checkpoint checkpoint-2 under {uri} was made with 8 samples per optimizer step (batch_size x "
-            "gradient_accumulation_steps), and this run's step takes 4 (batch_size=4 x gradient_accumulation_steps=1): "
-            "resumed at step 2, it would count 8 samples done where 16 were, and go on over other samples. Make "
-            "batch_size x gradient_accumulation_steps 8 again to resume it, or give the job a new checkpoint URI"
-            ) in capsys.readouterr().err
-    assert {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()} == stored
-
-    # the same 8 samples a step in micro-batches of 4: the same sample stream, position and progress
-    config.write_text(json.dumps({**TINY_HF_JOB, "samples": 32, "batch_size": 4, "gradient_accumulation_steps": 2}))
-    code, events = run_inline(config, uri)
-    assert code == EXIT_DONE and events[0]["checkpoint"] == "checkpoint-2"
-    assert [e["samples_done"] for e in events if e["event"] == "checkpoint"][-1] == 32 and events[-1]["step"] == 4
+    # the Trainer would resume at step 2 and count (and skip) 2 x 4 samples where 16 were consumed; the same 8
+    # samples a step in micro-batches of 4 are the same sample stream, position and progress
+    uri, events = refused_then_resumed(
+        tmp_path, capsys, {"batch_size": 4},
+        "checkpoint checkpoint-2 under {uri} was made with 8 samples per optimizer step (batch_size x "
+        "gradient_accumulation_steps), and this run's step takes 4 (batch_size=4 x gradient_accumulation_steps=1): "
+        "resumed at step 2, it would count 8 samples done where 16 were, and go on over other samples. Make "
+        "batch_size x gradient_accumulation_steps 8 again to resume it, or give the job a new checkpoint URI",
+        {"batch_size": 4, "gradient_accumulation_steps": 2},
+    )
+    assert [e["samples_done"] for e in events if e["event"] == "checkpoint"][-1] == 32
     assert read_progress(str(uri)).samples_done == 32
 
 
