@@ -320,6 +320,10 @@ def _start_run(
     load: Load,
 ) -> RunDriver:
     """Every check before anything launches; the training command follows the runtime's contract."""
+    if args.checkpoint_uri:
+        fs, path = env.locate(args.checkpoint_uri)
+        if fs.isfile(path):  # the runtime writes progress.json and checkpoints under it
+            raise InputError(f"--checkpoint-uri {args.checkpoint_uri}: is a file; give a directory (new or existing) for the checkpoints")
     params = dict(parse_param(p) for p in args.param)
     pools = _names([args.pools]) if args.pools else list(env.market.history(datetime.now(timezone.utc)).pools)
     try:

@@ -182,3 +182,12 @@ def test_a_rerun_with_other_flags_than_the_stored_runs_is_refused_before_anythin
     assert "re-attaching to job small-job" in capsys.readouterr().out
     assert "flags" not in json.loads(state_file.read_text())
 
+
+def test_a_checkpoint_uri_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "checkpoint").write_text("")  # run_args' --checkpoint-uri
+    assert main(run_args(tmp_path, write_job(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spotsched run: error: --checkpoint-uri {tmp_path / 'checkpoint'}: is a file; give a directory")
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "work" / "runs").exists(), "nothing was started"
+
