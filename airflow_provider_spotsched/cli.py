@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_spotsched.backends.local_settings import DEFAULT_SECONDS_PER_SLOT, LocalReplaySettings
-from airflow_provider_spotsched.execution.driver import Load, Persist, RunDriver
+from airflow_provider_spotsched.execution.driver import Load, Persist, RunDriver, TrainingFailedError
 from airflow_provider_spotsched.execution.environment import SpotEnvironment, local_environment
 from airflow_provider_spotsched.forecast import LIVE_FORECASTERS, Forecaster, make_forecaster
 from airflow_provider_spotsched.forecast.backtest import BacktestError, run_backtest
@@ -251,7 +251,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"slot {record.slot}: {record.allocation} (cost so far {record.cost_so_far:.2f} USD)", flush=True)
         shown = len(run.records)
 
-    run = driver.run_to_completion(reattach, on_step=show)
+    try:
+        run = driver.run_to_completion(reattach, on_step=show)
+    except TrainingFailedError as exc:  # the training failed, not the input: exit 1, yet no traceback
+        print(f"spotsched run: error: {exc}; run the same command again to retry from the last checkpoint, or fix the "
+              f"training command and remove {state_file} to start a new run", file=sys.stderr)
+        return 1
     if run.member is not None:
         try:
             store_round(lambda: _read_text(selector_file), lambda doc: _write_json(selector_file, doc, "selector state"),

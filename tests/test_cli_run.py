@@ -191,3 +191,12 @@ def test_a_checkpoint_uri_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "work" / "runs").exists(), "nothing was started"
 
+
+def test_a_training_command_that_cannot_start_is_one_error_line_and_exit_1(tmp_path, capsys):
+    args = with_flag(run_args(tmp_path, write_job(tmp_path), "--policy", "greedy"), "--command", str(tmp_path / "no-such-program"))
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("spotsched run: error: training of small-job failed: ") and "no-such-program" in last
+    assert f"fix the training command and remove {tmp_path / 'work' / 'runs' / 'small-job.json'}" in last
+    assert "Traceback" not in err
