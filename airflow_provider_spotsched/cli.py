@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_spotsched.backends.local_settings import DEFAULT_SECONDS_PER_SLOT, LocalReplaySettings
-from airflow_provider_spotsched.execution.driver import Load, Persist, RunDriver
+from airflow_provider_spotsched.execution.driver import Load, Persist, RunDriver, TrainingFailedError
 from airflow_provider_spotsched.execution.environment import SpotEnvironment, local_environment
 from airflow_provider_spotsched.forecast import LIVE_FORECASTERS, Forecaster, make_forecaster
 from airflow_provider_spotsched.forecast.backtest import BacktestError, run_backtest
 from airflow_provider_spotsched.forecast.snapshot import MAX_HORIZON, MAX_STALENESS_HOURS, forecast_document, snapshot_at
 from airflow_provider_spotsched.market.slots import resample
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate, write_trace
-from airflow_provider_spotsched.market.trace import Trace, TraceError, load_trace, parse_timestamp
+from airflow_provider_spotsched.market.trace import Trace, TraceError, format_timestamp, load_trace, parse_timestamp
 from airflow_provider_spotsched.runtime.config import TrainConfig
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
 from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, MIN_SLOT_HOURS, Job
@@ -219,16 +219,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     state_file = settings.workdir / "runs" / f"{job_id}.json"
     selector_file = args.selector_state or settings.workdir / "selector.json"
 
-    def persist(state: dict[str, Any]) -> None:
-        _write_json(state_file, state, "run state")
+    given = _run_flags(args, job, settings)
+    flags: dict[str, Any] | None = given
+
+    def persist(state: dict[str, Any]) -> None:  # the flags ride along: RunDriver reads only its own keys
+        _write_json(state_file, state if flags is None else {**state, "flags": flags}, "run state")
 
     def load() -> Any:  # another `spotsched run` of the job may have moved the run on (RunDriver.step)
         return _read_json(state_file)
 
     if state_file.exists():
+        stored = _read_json(state_file)
+        stored_flags = stored.get("flags") if isinstance(stored, dict) else None
+        if stored_flags is not None:
+            _check_same_flags(stored_flags, given, state_file)
+        flags = stored_flags  # a run stored before flags were: it stays without them
         print(f"re-attaching to job {job_id} ({state_file})")
         try:
-            driver = RunDriver.from_state(env, _read_json(state_file), persist, load)
+            driver = RunDriver.from_state(env, stored, persist, load)
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"{state_file}: not a run state spotsched run wrote ({exc!r}); remove it to start afresh") from None
         reattach = True
@@ -243,7 +251,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"slot {record.slot}: {record.allocation} (cost so far {record.cost_so_far:.2f} USD)", flush=True)
         shown = len(run.records)
 
-    run = driver.run_to_completion(reattach, on_step=show)
+    try:
+        run = driver.run_to_completion(reattach, on_step=show)
+    except TrainingFailedError as exc:  # the training failed, not the input: exit 1, yet no traceback
+        print(f"spotsched run: error: {exc}; run the same command again to retry from the last checkpoint, or fix the "
+              f"training command and remove {state_file} to start a new run", file=sys.stderr)
+        return 1
     if run.member is not None:
         try:
             store_round(lambda: _read_text(selector_file), lambda doc: _write_json(selector_file, doc, "selector state"),
@@ -259,11 +272,63 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_flags(args: argparse.Namespace, job: Job, settings: LocalReplaySettings) -> dict[str, Any]:
+    """What a run is started with, stored in its state: a re-run re-attaches with the stored run's
+    market clock, command and decisions, so it must be given the same (:func:`_check_same_flags`)."""
+    return {
+        "--job": job.to_dict(),
+        "--trace": str(settings.trace),
+        "--market-start": None if settings.market_start is None else format_timestamp(settings.market_start),
+        "--seconds-per-slot": settings.seconds_per_slot,
+        "--history-slots": settings.history_slots,
+        "--pools": ",".join(_names([args.pools])) if args.pools else None,
+        "--policy": args.policy,
+        "--param": dict(parse_param(p) for p in args.param),
+        "--forecaster": args.forecaster,
+        "--command": args.training_command,
+        "--training-config": None if args.training_config is None else str(args.training_config.resolve()),
+        "--checkpoint-uri": args.checkpoint_uri,
+    }
+
+
+def _check_same_flags(stored: Mapping[str, Any], given: Mapping[str, Any], state_file: Path) -> None:
+    """Refuse a re-run whose flags differ from those its stored run was started with (it would
+    re-attach, and silently run the stored ones, or drive the stored clock on another market)."""
+    differ = [flag for flag in given if flag in stored and stored[flag] != given[flag]]
+    if not differ:
+        return
+    if "--job" in differ:  # name the job's fields that differ, not all of them
+        fields = [key for key in {**stored["--job"], **given["--job"]} if stored["--job"].get(key) != given["--job"].get(key)]
+        stored = {**stored, "--job": {key: stored["--job"].get(key) for key in fields}}
+        given = {**given, "--job": {key: given["--job"].get(key) for key in fields}}
+    what = "; ".join(f"{flag}: stored {_flag_text(flag, stored[flag])}, given {_flag_text(flag, given[flag])}" for flag in differ)
+    fix = " ".join(_flag_text(flag, stored[flag], as_option=True) for flag in differ)
+    raise InputError(f"the stored run {state_file.stem} was started with other flags ({what}); "
+                     f"give {fix}, or remove {state_file} to start a new run")
+
+
+def _flag_text(flag: str, value: Any, as_option: bool = False) -> str:
+    """A stored flag's value as text, or (``as_option``) as the option that gives it."""
+    if value is None or value == {}:
+        return f"no {flag}" if as_option else "none"
+    if flag == "--job":
+        text = ", ".join(f"{key}={json.dumps(v)}" for key, v in value.items())
+        return f"a --job file with {text}" if as_option else text
+    if flag == "--param":
+        return " ".join(f"--param {shlex.quote(f'{key}={json.dumps(v)}')}" for key, v in value.items())
+    text = value if isinstance(value, str) else json.dumps(value)
+    return f"{flag} {shlex.quote(text)}" if as_option else text
+
+
 def _start_run(
     args: argparse.Namespace, job: Job, job_id: str, env: SpotEnvironment, persist: Persist, selector_file: Path,
     load: Load,
 ) -> RunDriver:
     """Every check before anything launches; the training command follows the runtime's contract."""
+    if args.checkpoint_uri:
+        fs, path = env.locate(args.checkpoint_uri)
+        if fs.isfile(path):  # the runtime writes progress.json and checkpoints under it
+            raise InputError(f"--checkpoint-uri {args.checkpoint_uri}: is a file; give a directory (new or existing) for the checkpoints")
     params = dict(parse_param(p) for p in args.param)
     pools = _names([args.pools]) if args.pools else list(env.market.history(datetime.now(timezone.utc)).pools)
     try:

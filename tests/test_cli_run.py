@@ -37,6 +37,13 @@ def run_args(tmp_path: Path, job: Path, *extra: str) -> list[str]:
             "--pools", "us-east4-a,europe-west1-c", *extra]
 
 
+def with_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """``args`` with ``flag``'s value replaced."""
+    args = list(args)
+    args[args.index(flag) + 1] = value
+    return args
+
+
 def test_run_drives_a_job_to_its_end_and_a_rerun_re_attaches(tmp_path, capsys):
     job = write_job(tmp_path)
     out = tmp_path / "result.json"
@@ -139,3 +146,57 @@ def test_a_damaged_run_state_is_one_line_and_exit_2_not_a_traceback(tmp_path, ca
         err = capsys.readouterr().err.strip()
         assert err.startswith("spotsched run: error: ") and "small-job.json" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "work" / "jobs").exists(), "nothing was launched"
+
+
+def test_a_rerun_with_other_flags_than_the_stored_runs_is_refused_before_anything_runs(tmp_path, capsys):
+    job = write_job(tmp_path)
+    assert main(run_args(tmp_path, job, "--policy", "uniform-progress")) == 0
+    state_file = tmp_path / "work" / "runs" / "small-job.json"
+    stored = state_file.read_text()
+    capsys.readouterr()
+    edited = tmp_path / "edited" / "small-job.json"  # the same job id, one field changed
+    edited.parent.mkdir()
+    edited.write_text(json.dumps({**json.loads(job.read_text()), "work": 120}))
+    cases = [
+        (run_args(tmp_path, job, "--policy", "uniform-progress", "--market-start", "2025-10-12T03:10:00Z"),
+         "--market-start: stored 2025-10-11T03:10:00Z, given 2025-10-12T03:10:00Z", "give --market-start 2025-10-11T03:10:00Z"),
+        (run_args(tmp_path, job, "--policy", "greedy", "--param", "window=3"),
+         "--policy: stored uniform-progress, given greedy; --param: stored none, given --param window=3",
+         "give --policy uniform-progress no --param"),
+        (with_flag(run_args(tmp_path, job, "--policy", "uniform-progress"), "--command", "other"),
+         "given other", "give --command "),
+        (run_args(tmp_path, edited, "--policy", "uniform-progress"), "--job: stored work=160, given work=120",
+         "give a --job file with work=160"),
+    ]
+    for args, what, fix in cases:
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("spotsched run: error: the stored run small-job was started with other flags (") and what in err
+        assert f"{fix}" in err and f"or remove {state_file} to start a new run" in err and len(err.strip().splitlines()) == 1
+    assert state_file.read_text() == stored, "nothing was decided or stored"
+
+    legacy = json.loads(stored)
+    del legacy["flags"]  # a run stored before the flags were: it re-attaches as it always did
+    state_file.write_text(json.dumps(legacy))
+    assert main(run_args(tmp_path, job, "--policy", "greedy")) == 0
+    assert "re-attaching to job small-job" in capsys.readouterr().out
+    assert "flags" not in json.loads(state_file.read_text())
+
+
+def test_a_checkpoint_uri_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "checkpoint").write_text("")  # run_args' --checkpoint-uri
+    assert main(run_args(tmp_path, write_job(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spotsched run: error: --checkpoint-uri {tmp_path / 'checkpoint'}: is a file; give a directory")
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "work" / "runs").exists(), "nothing was started"
+
+
+def test_a_training_command_that_cannot_start_is_one_error_line_and_exit_1(tmp_path, capsys):
+    args = with_flag(run_args(tmp_path, write_job(tmp_path), "--policy", "greedy"), "--command", str(tmp_path / "no-such-program"))
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("spotsched run: error: training of small-job failed: ") and "no-such-program" in last
+    assert f"fix the training command and remove {tmp_path / 'work' / 'runs' / 'small-job.json'}" in last
+    assert "Traceback" not in err
