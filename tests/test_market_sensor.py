@@ -127,6 +127,8 @@ def test_bad_conditions_are_refused_with_the_field_to_fix(tmp_path):
         message = rf"^forecaster='{name}': not a forecaster of a live market; choose one of \[.*'sojourn-chain'\]$"
         with pytest.raises(ValueError, match=message):
             StartConditions(min_available=2, forecaster=name)
+        with pytest.raises(ValueError, match=message):  # when the DAG is parsed, not when the task starts
+            SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], min_available=2, forecaster=name)
     with pytest.raises(ValueError, match="market_start and seconds_per_slot"):
         SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a"], price_below=2.0, market_start="2025-10-11T04:00:00Z")
 

@@ -26,7 +26,7 @@ from airflow_provider_spotsched.hooks.rendered import rendered_job, rendered_num
 from airflow_provider_spotsched.market.feed import LiveMarketFeed
 from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
-from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
+from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions, check_live_forecaster
 
 DEFAULT_TIMEOUT = timedelta(hours=6)
 DEFAULT_POKE_INTERVAL = 300.0
@@ -96,6 +96,7 @@ class SpotMarketSensor(BaseSensorOperator):
         self.market = MarketSpec.coerce(market)
         self.pools = pools
         self.price_below, self.min_available, self.min_probability = price_below, min_available, min_probability
+        check_live_forecaster(forecaster)  # not templated: refused when the DAG is parsed
         self.hours_ahead, self.forecaster = hours_ahead, forecaster
         self.job, self.policy, self.policy_params = job, policy, policy_params
         self.slot_hours, self.history_hours = float(slot_hours), float(history_hours)

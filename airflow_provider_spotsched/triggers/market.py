@@ -40,6 +40,13 @@ PRICE, AVAILABILITY, PLAN, TIMEOUT = "price", "availability", "plan", "timeout"
 ON_DEMAND = "on-demand"
 
 
+def check_live_forecaster(forecaster: str) -> None:
+    """Refuse a forecaster that cannot forecast a live market (the oracle reads the future): the
+    sensor calls it when the DAG is parsed, the conditions again before the wait."""
+    if forecaster not in LIVE_FORECASTERS:
+        raise ValueError(f"forecaster={forecaster!r}: not a forecaster of a live market; choose one of {sorted(LIVE_FORECASTERS)}")
+
+
 @dataclass(frozen=True)
 class StartConditions:
     """When a market is worth starting on (see the module docstring); ``None`` turns one off."""
@@ -65,9 +72,7 @@ class StartConditions:
             raise ValueError(f"min_probability must be in (0, 1], got {self.min_probability!r}")
         if not self.hours_ahead > 0:
             raise ValueError(f"hours_ahead must be > 0, got {self.hours_ahead!r}")
-        if self.forecaster not in LIVE_FORECASTERS:  # the oracle reads the future: refused at parse time, not in the triggerer
-            raise ValueError(f"forecaster={self.forecaster!r}: not a forecaster of a live market; "
-                             f"choose one of {sorted(LIVE_FORECASTERS)}")
+        check_live_forecaster(self.forecaster)
         if self.job is not None:
             Job.from_dict(self.job).check_feasible()
 
