@@ -44,15 +44,21 @@ class MarketFeed(ABC):
         """Spot prices and available counts of ``pools`` (in that order) at the start of ``slot``."""
 
 
+def check_history_hours(slot_hours: float, history_hours: float) -> None:
+    """Refuse a live feed's slots that read less than one slot of history (callers that build the
+    feed later, in the triggerer, check it when they are built)."""
+    if not slot_hours > 0 or not history_hours >= slot_hours:
+        raise ValueError(
+            f"slot_hours must be > 0 and history_hours >= slot_hours, got {slot_hours!r} and {history_hours!r}; "
+            "read at least one slot of history (e.g. history_hours=48)"
+        )
+
+
 class LiveMarketFeed(MarketFeed):
     """A live :class:`MarketSource` cut into slots, the last one starting at wall-clock ``now``."""
 
     def __init__(self, source: MarketSource, slot_hours: float = 1.0, history_hours: float = 48.0) -> None:
-        if not slot_hours > 0 or not history_hours >= slot_hours:
-            raise ValueError(
-                f"slot_hours must be > 0 and history_hours >= slot_hours, got {slot_hours!r} and {history_hours!r}; "
-                "read at least one slot of history (e.g. history_hours=48)"
-            )
+        check_history_hours(slot_hours, history_hours)
         self.source, self.slot_hours, self.history_hours = source, float(slot_hours), float(history_hours)
 
     def history(self, now: datetime, pools: Sequence[str] | None = None) -> SlotMarket:

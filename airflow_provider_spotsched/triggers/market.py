@@ -30,7 +30,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_spotsched.forecast import LIVE_FORECASTERS, make_forecaster
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
-from airflow_provider_spotsched.market.feed import LiveMarketFeed, NoMarketData
+from airflow_provider_spotsched.market.feed import LiveMarketFeed, NoMarketData, check_history_hours
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
 from airflow_provider_spotsched.scheduling.model import Job
@@ -159,8 +159,7 @@ class SpotMarketTrigger(BaseTrigger):
         self.replay = dict(replay) if replay else None
         if self.replay is not None:
             ReplayClock.from_dict(self.replay)
-        # refuses history_hours < slot_hours here, before the task defers, not in run() in the triggerer
-        LiveMarketFeed(MarketSpec.from_dict(self.market), self.slot_hours, self.history_hours)
+        check_history_hours(self.slot_hours, self.history_hours)  # before the task defers, not in run()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
