@@ -335,7 +335,15 @@ WRAPPED = ("sh", "-c", f"{sys.executable} -c '{STUBBORN_TRAINER}'; exit 75")
 
 
 def trainers(h: Harness) -> list[psutil.Process]:
-    return [p for p in marked(h.jobdir) if STUBBORN_TRAINER in p.cmdline()]
+    """The job's live stubborn trainers; one that exits while being listed is not one."""
+    found = []
+    for process in marked(h.jobdir):
+        try:
+            if STUBBORN_TRAINER in process.cmdline():
+                found.append(process)
+        except psutil.Error:  # exited (or a zombie) between the listing and this read
+            continue
+    return found
 
 
 @pytest.mark.parametrize(("before", "after"), [((1, 0), (2, 0)), ((2, 0), (1, 0))], ids=["scale-up", "scale-down"])
