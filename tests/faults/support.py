@@ -34,12 +34,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_spotsched.backends.base import InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_processes import marked
+from airflow_provider_spotsched.market.trace import parse_instant
 from airflow_provider_spotsched.scheduling.online import OnlineRun
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -246,18 +248,26 @@ class Audit:
         )
 
 
-def feasible_at_measured_speed(run_state: Mapping[str, Any]) -> bool:
-    """Whether N_max on-demand instances from slot 0, one restart paid, could have met the soft
-    deadline at the speed the workers really ran (the run's measured throughput).
+def feasible_at_measured_speed(run_state: Mapping[str, Any], regained: datetime | None = None) -> bool:
+    """Whether N_max on-demand instances, one restart paid, could have met the soft deadline at
+    the speed the workers really ran (the run's measured throughput), from slot 0 or, for a run
+    whose scheduler was away, from the first record written at or after ``regained``.
 
     The fake workers run on wall-clock time: on a loaded machine they can fall below the planning
-    model the deadline was set on, and a deadline no allocation could have met is not the
-    scheduler's miss.
+    model the deadline was set on, and the tries a scenario spawns after losing its first one can
+    take many slots to start; a deadline no allocation could have met from when a scheduler could
+    act again is not the scheduler's miss.
     """
     run = OnlineRun.from_state(run_state)
     job = run.config.job
     rate = job.rate(job.max_instances) * run.realised_throughput().factor
-    return (job.deadline_hours - job.reconfig_overhead_hours) * rate >= job.work
+    hours, work_done = 0.0, 0.0
+    if regained is not None:
+        back = next((r for r in run.records if parse_instant(r.time, "time") >= regained), None)
+        if back is None:
+            return False
+        hours, work_done = run.hours_at(parse_instant(back.time, "time")), back.work_done
+    return (job.deadline_hours - hours - job.reconfig_overhead_hours) * rate >= job.work - work_done
 
 
 def check_figures(figures: Figures) -> None:
