@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_spotsched.sensors.market import SpotMarketSensor
-from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions
+from airflow_provider_spotsched.triggers.market import OBSERVE_FAILURES_TO_FAIL, SpotMarketTrigger, StartConditions
 from tests.airflow_env import AirflowHome, airflow_home  # noqa: F401  (the session fixture)
 from tests.markets import make_market
 from tests.task_context import first_payload, rebuilt
@@ -114,6 +114,40 @@ def test_timeout_falls_back_to_on_demand_instead_of_failing(tmp_path):
     assert event["start"] is True and event["reason"] == "timeout" and event["fallback"] == "on-demand"
     assert event["details"]["timeout_at"] == original.timeout_at
     assert first_payload(rebuilt(original))["reason"] == "timeout"  # restarted after the timeout: fires at once
+
+
+def flaky_feed(monkeypatch, failures: int) -> list[str]:
+    """The trigger's market feed fails its first ``failures`` observations (a dropped call); the
+    calls are listed in the returned list."""
+    from airflow_provider_spotsched.triggers import market
+
+    calls: list[str] = []
+
+    class FlakyFeed(market.LiveMarketFeed):
+        def history(self, now, pools=None):
+            calls.append("failed" if len(calls) < failures else "observed")
+            if calls[-1] == "failed":
+                raise ConnectionError("connection reset by peer")
+            return super().history(now, pools)
+
+    monkeypatch.setattr(market, "LiveMarketFeed", FlakyFeed)
+    return calls
+
+
+def test_a_failed_market_observation_is_retried_at_the_next_poll(tmp_path, monkeypatch):
+    calls = flaky_feed(monkeypatch, failures=OBSERVE_FAILURES_TO_FAIL - 1)
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.5, 4), "pool-b": (2.5, 4)}, {"pool-a": (1.5, 4), "pool-b": (2.5, 4)})
+    event = first_payload(trigger(trace, {"price_below": 2.0}))
+    assert event["reason"] == "price" and event["details"]["pool"] == "pool-a"
+    assert calls == ["failed"] * (OBSERVE_FAILURES_TO_FAIL - 1) + ["observed"]
+
+
+def test_a_market_source_that_keeps_failing_fails_the_wait_with_its_error(tmp_path, monkeypatch):
+    calls = flaky_feed(monkeypatch, failures=10**6)
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.5, 4)}, {"pool-a": (1.5, 4)})
+    with pytest.raises(RuntimeError, match=f"failed {OBSERVE_FAILURES_TO_FAIL} times in a row.*ConnectionError: connection reset"):
+        first_payload(trigger(trace, {"price_below": 2.0}))
+    assert len(calls) == OBSERVE_FAILURES_TO_FAIL
 
 
 def test_bad_conditions_are_refused_with_the_field_to_fix(tmp_path):

@@ -11,7 +11,11 @@ starting on when any condition of :class:`StartConditions` holds, checked cheape
   (an :class:`~airflow_provider_spotsched.scheduling.online.OnlineRun` decides it).
 
 At ``timeout_at`` it does not fail: it fires ``reason="timeout"`` with ``fallback="on-demand"``
-so the downstream task starts on on-demand. Every argument is plain data and the instants are
+so the downstream task starts on on-demand. A failed observation (a throttled or dropped call to
+the market source; not a ``ValueError``, which says the source is misconfigured and fails at once)
+is logged and retried at the next poll; only ``OBSERVE_FAILURES_TO_FAIL`` in a
+row fail the wait, with the last error, since by then it is no blip but a source that is down or
+misconfigured. Every argument is plain data and the instants are
 absolute ISO strings (the timeout, the replay clock's origin), so a triggerer that restarts
 rebuilds the trigger from :meth:`SpotMarketTrigger.serialize` and waits for the same instant.
 """
@@ -37,6 +41,7 @@ from airflow_provider_spotsched.scheduling.model import Job
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig
 
 PRICE, AVAILABILITY, PLAN, TIMEOUT = "price", "availability", "plan", "timeout"
+OBSERVE_FAILURES_TO_FAIL = 5  # market observations failed in a row that fail the wait
 ON_DEMAND = "on-demand"
 
 
@@ -181,13 +186,28 @@ class SpotMarketTrigger(BaseTrigger):
         feed = LiveMarketFeed(MarketSpec.from_dict(self.market), self.slot_hours, self.history_hours)
         clock = ReplayClock.from_dict(self.replay) if self.replay else None
         timeout_at = parse_instant(self.timeout_at, "timeout_at")
+        failures = 0  # observations failed in a row
         while True:
             now = datetime.now(timezone.utc)
             if now >= timeout_at:
                 yield TriggerEvent(self._event(TIMEOUT, now, None, {"timeout_at": self.timeout_at}))
                 return
             market_now = clock.market_time(now) if clock else now
-            market = await asyncio.to_thread(self._observe, feed, market_now)
+            try:
+                market = await asyncio.to_thread(self._observe, feed, market_now)
+            except ValueError:
+                raise  # a misconfigured source or data it cannot read (a missing trace): no retry mends it
+            except Exception as error:
+                failures += 1
+                if failures >= OBSERVE_FAILURES_TO_FAIL:
+                    raise RuntimeError(
+                        f"the market source failed {failures} times in a row, the last: {type(error).__name__}: {error}; "
+                        "check the market's connection and options"
+                    ) from error
+                self.log.warning("market observation failed (%d in a row), retrying at the next poll: %s", failures, error)
+                market = None
+            else:
+                failures = 0
             if market is not None:
                 reason, found = PRICE, conditions.price(market)
                 if found is None:
