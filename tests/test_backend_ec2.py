@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import re
 import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import boto3
@@ -44,7 +46,9 @@ class RecordingClient:
     ``not_yet_visible`` fails the next ``create_tags`` calls whatever they name; ``unknown_to_tags``
     maps an instance id to the ``create_tags`` calls naming it that still fail, and
     ``unknown_to_all`` names ids that ``create_tags`` and ``terminate_instances`` never find; a
-    failed call changes nothing, as on EC2.
+    failed call changes nothing, as on EC2. ``stuck_pending`` names instances that
+    ``describe_instances`` shows ``pending`` while moto runs them (an AZ that accepted the launch
+    but has no host to start it on).
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class RecordingClient:
         self.unknown_to_tags: dict[str, int] = {}
         self.unknown_to_all: set[str] = set()
         self.no_address_at_launch = False
+        self.stuck_pending: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -75,6 +80,21 @@ class RecordingClient:
             for instance in response["Instances"]:
                 instance.pop("PrivateIpAddress", None)
         return response
+
+    def get_paginator(self, name: str) -> Any:
+        paginator = self._client.get_paginator(name)
+        stuck = self.stuck_pending
+
+        class StuckPending:
+            def paginate(self, **params: Any) -> Iterator[dict[str, Any]]:
+                for page in paginator.paginate(**params):
+                    for reservation in page.get("Reservations", []):
+                        for instance in reservation["Instances"]:
+                            if instance["InstanceId"] in stuck and instance["State"]["Name"] == "running":
+                                instance["State"] = {"Code": 0, "Name": "pending"}
+                    yield page
+
+        return StuckPending() if name == "describe_instances" else paginator
 
     def terminate_instances(self, **params: Any) -> dict[str, Any]:
         unknown = [i for i in params["InstanceIds"] if i in self.unknown_to_all]
@@ -476,6 +496,36 @@ def test_no_capacity_anywhere_raises_and_leaves_nothing_running(ec2, job):
     assert live(ec2, job) == {}
 
 
+def test_an_instance_stuck_pending_past_pending_timeout_s_is_terminated_and_its_pool_reported_short(
+    client, ec2, job
+):
+    later = [timedelta(0)]
+    outcomes: list[LaunchOutcome] = []
+    backend = make_backend(client, recorder=outcomes.append, clock=lambda: datetime.now(timezone.utc) + later[0])
+    backend.reconcile(job, Allocation((1, 0), 1))
+    stuck = next(i for i, data in live(ec2, job).items() if data["TagMap"]["spotsched:pool"] == "us-east-1a")
+    client.stuck_pending.add(stuck)
+
+    later[0] = timedelta(minutes=14)  # within the default 15 minutes: a slow start, left alone
+    assert backend.reconcile(job, Allocation((1, 0), 1)).active(POOLS) == Allocation((1, 0), 1)
+    assert client.terminations == []
+
+    later[0] = timedelta(minutes=16)
+    outcomes.clear()
+    status = backend.reconcile(job, Allocation((1, 0), 1))
+    assert client.terminations == [[stuck]] and described(ec2, job)[stuck]["TagMap"]["spotsched:released"] == "true"
+    states = {i.pool: i.state for i in status.instances}
+    assert states == {"us-east-1a": InstanceState.RELEASED, ON_DEMAND: InstanceState.RUNNING}
+    assert status.active(POOLS) == Allocation((0, 0), 1) and status.preemptions == 0
+    assert [(o.pool, o.requested, o.launched, o.reason) for o in outcomes] == [("us-east-1a", 1, 0, "PendingTimeout")]
+    assert len(client.launches) == 2  # the AZ that left it waiting is not asked again in the same call
+    assert {i["TagMap"]["spotsched:world-size"] for i in live(ec2, job).values()} == {"1"}
+    assert make_backend(client).status(job).preemptions == 0  # no work ran on it: nothing lost
+
+    status = backend.reconcile(job, Allocation((1, 0), 1))  # the next slot may ask the AZ again: once
+    assert len(client.launches) == 3 and status.active(POOLS) == Allocation((1, 0), 1)
+
+
 def test_other_launch_errors_and_unplaced_pools_are_clear_errors(ec2, job):
     class Unauthorized(RecordingClient):
         def run_instances(self, **params: Any) -> dict[str, Any]:
@@ -490,3 +540,5 @@ def test_other_launch_errors_and_unplaced_pools_are_clear_errors(ec2, job):
         Ec2Placement()
     with pytest.raises(ValueError, match="master_port"):
         make_backend(RecordingClient(ec2), master_port=0)
+    with pytest.raises(ValueError, match=r"pending_timeout_s must be a number of seconds >= 60"):
+        make_backend(RecordingClient(ec2), pending_timeout_s=0)

@@ -12,6 +12,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ DATA = Path(__file__).parent / "data" / "gce"
 PROJECT = "spotsched-test"
 POOLS = ("us-central1-a", "us-central1-b")
 BASE = f"/compute/v1/projects/{PROJECT}/zones/"
+CREATED = datetime(2025, 10, 14, 3, 12, tzinfo=timezone(timedelta(hours=-7)))
+"""When the fake's first VM is created; each request after it adds a second (the launch order)."""
 JOB = TrainingJob(
     job_id="dag.Train__run-1",
     command=("spotsched-train", "--config", "gs://bucket/job/config.json", "--checkpoint-uri", "gs://bucket/job/ckpt"),
@@ -141,7 +144,8 @@ class FakeComputeEngine:
         instance = recorded("instance.json")
         instance.update(copy.deepcopy(body))
         instance["status"] = "PROVISIONING"
-        instance["creationTimestamp"] = f"2025-10-14T03:12:{len(self.requests):02d}.000-07:00"
+        created = CREATED + timedelta(seconds=len(self.requests))
+        instance["creationTimestamp"] = created.isoformat(timespec="milliseconds")
         instance["networkInterfaces"][0]["networkIP"] = f"10.128.0.{next(self.addresses)}"
         instance["metadata"] = {**body.get("metadata", {}), "fingerprint": "fp-0", "kind": "compute#metadata"}
         instance["selfLink"] = instance["selfLink"].replace("instance-template", name).replace("us-central1-a", zone)
@@ -209,6 +213,7 @@ def make_backend(gce: FakeComputeEngine, **overrides: Any) -> GceBackend:
         "zone_operations_client": compute_v1.ZoneOperationsClient(
             transport="rest", client_options=options, credentials=AnonymousCredentials()
         ),
+        "clock": lambda: CREATED + timedelta(minutes=1),  # the fake's VMs stay PROVISIONING: a minute old
     }
     client = compute_v1.InstancesClient(transport="rest", client_options=options, credentials=AnonymousCredentials())
     return GceBackend(client, **(params | overrides))
@@ -418,6 +423,46 @@ def test_an_exhausted_zone_is_recorded_and_the_rest_is_launched(gce):
         make_backend(gce).reconcile(TrainingJob("stuck", JOB.command, JOB.checkpoint_uri, POOLS), Allocation((1, 1), 0))
 
 
+def test_a_vm_stuck_provisioning_past_pending_timeout_s_is_deleted_and_its_zone_reported_short(gce):
+    now = [CREATED + timedelta(minutes=1)]
+    outcomes: list[LaunchOutcome] = []
+    backend = make_backend(gce, recorder=outcomes.append, clock=lambda: now[0])
+    backend.reconcile(JOB, Allocation((1, 1), 0))
+    (zone_a, stuck), (zone_b, started) = sorted(gce.instances)
+    gce.instances[(zone_b, started)]["status"] = "RUNNING"  # zone a accepted its insert, has no host for it
+
+    now[0] += timedelta(minutes=14)  # within the default 15 minutes: a slow start, left alone
+    assert backend.reconcile(JOB, Allocation((1, 1), 0)).active(POOLS) == Allocation((1, 1), 0)
+    assert gce.calls("DELETE") == []
+
+    now[0] += timedelta(minutes=2)
+    outcomes.clear()
+    status = backend.reconcile(JOB, Allocation((1, 1), 0))
+    assert gce.calls("DELETE") == [f"{BASE}{zone_a}/instances/{stuck}"] and (zone_a, stuck) not in gce.instances
+    states = {i.instance_id: i.state for i in status.instances}
+    assert states == {stuck: InstanceState.RELEASED, started: InstanceState.RUNNING}
+    assert status.active(POOLS) == Allocation((0, 1), 0)  # what the driver applies and bills
+    assert [(o.pool, o.requested, o.launched, o.reason) for o in outcomes] == [("us-central1-a", 1, 0, "PendingTimeout")]
+    assert len(gce.inserts()) == 2  # the zone that left it waiting is not asked again in the same call
+    assert metadata_of(gce.instances[(zone_b, started)])["spotsched-world-size"] == "1"
+    assert make_backend(gce).status(JOB).preemptions == 0  # no work ran on it: nothing lost
+
+    status = backend.reconcile(JOB, Allocation((1, 1), 0))  # the next slot may ask the zone again: once
+    assert len(gce.inserts()) == 3 and status.active(POOLS) == Allocation((1, 1), 0)
+
+
+def test_a_lone_vm_stuck_provisioning_is_deleted_and_the_launch_reported_as_no_capacity(gce):
+    now = [CREATED + timedelta(minutes=1)]
+    job = TrainingJob("stuck-alone", JOB.command, JOB.checkpoint_uri, POOLS)
+    backend = make_backend(gce, clock=lambda: now[0], pending_timeout_s=300)
+    backend.reconcile(job, Allocation((1, 0), 0))
+    now[0] += timedelta(minutes=6)
+    with pytest.raises(InsufficientCapacityError, match=r"us-central1-a.*asked for 1.*got 0.*PendingTimeout"):
+        backend.reconcile(job, Allocation((1, 0), 0))
+    assert gce.instances == {} and len(gce.inserts()) == 1
+    assert backend.status(job).active(POOLS) == Allocation((0, 0), 0)
+
+
 def test_a_result_label_finishes_the_job_and_stops_relaunching(gce):
     backend = make_backend(gce)
     backend.reconcile(JOB, Allocation((1, 0), 0))
@@ -433,6 +478,9 @@ def test_bad_configuration_is_a_clear_error(gce):
         make_backend(gce, zones={"us-central1-a": "us-central1-a"}).reconcile(JOB, Allocation((1, 1), 0))
     with pytest.raises(ValueError, match="disk_size_gb"):
         make_backend(gce, disk_size_gb=1)
+    for timeout in (30, "900", True, float("inf")):
+        with pytest.raises(ValueError, match=r"pending_timeout_s must be a number of seconds >= 60 .*default 900"):
+            make_backend(gce, pending_timeout_s=timeout)
     leaky = TrainingJob(JOB.job_id, JOB.command, JOB.checkpoint_uri, POOLS, env={"GITHUB_TOKEN": "x"})
     with pytest.raises(BackendError, match="service account"):
         make_backend(gce).reconcile(leaky, Allocation((1, 0), 0))

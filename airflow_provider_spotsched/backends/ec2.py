@@ -55,7 +55,7 @@ from airflow_provider_spotsched.backends.base import (
     JobStatus,
     TrainingJob,
 )
-from airflow_provider_spotsched.backends.cloud import CloudBackend
+from airflow_provider_spotsched.backends.cloud import DEFAULT_PENDING_TIMEOUT_S, CloudBackend, utc_now
 from airflow_provider_spotsched.market.launch import LaunchRecorder
 from airflow_provider_spotsched.scheduling.model import Allocation
 
@@ -160,7 +160,9 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
     the ``ec2:CreateTags`` right on themselves to report a result; no credential ever goes in the
     user data. ``quotas_client`` (a boto3 ``service-quotas`` client) lets :meth:`instance_limit`
     read the account's on-demand quota. ``sleep`` waits between tries of a rendezvous or a release
-    tag that EC2 does not show yet (tests pass a recorder).
+    tag that EC2 does not show yet (tests pass a recorder). ``pending_timeout_s``: how long an
+    instance may stay ``pending`` after its launch before a reconcile terminates it and reports its
+    pool short (:mod:`.cloud`); ``clock`` is what that wait is measured against.
     """
 
     name = "ec2"
@@ -182,6 +184,8 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         recorder: LaunchRecorder | None = None,
         quotas_client: Any | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         for name, value in (("instance_type", instance_type), ("image_id", image_id)):
             if not isinstance(value, str) or not value:
@@ -190,7 +194,9 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
             raise ValueError("pools is empty: map every spot pool name to a subnet id or an Availability Zone")
         if not 1 <= master_port <= 65535:
             raise ValueError(f"master_port must be a TCP port in [1, 65535], got {master_port}")
-        super().__init__(poll_seconds=poll_seconds, recorder=recorder)
+        super().__init__(
+            poll_seconds=poll_seconds, recorder=recorder, pending_timeout_s=pending_timeout_s, clock=clock
+        )
         self.client = client
         self.instance_type, self.image_id = instance_type, image_id
         self.pools = {name: Ec2Placement.parse(value) for name, value in pools.items()}
@@ -270,6 +276,9 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
 
     def _oldest_first(self, instance: _Instance) -> tuple[datetime, str]:
         return instance.launch_time, instance.instance_id
+
+    def _pending_since(self, instance: _Instance) -> datetime | None:
+        return instance.launch_time if instance.state == "pending" else None
 
     def _finish_releases(self, instances: list[_Instance]) -> None:
         """Terminate what an earlier call tagged released but did not terminate (it crashed)."""

@@ -31,8 +31,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from google.api_core.exceptions import Conflict, GoogleAPICallError
 from google.cloud import compute_v1
@@ -46,8 +47,9 @@ from airflow_provider_spotsched.backends.base import (
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.bootstrap import RENDEZVOUS_KEYS
-from airflow_provider_spotsched.backends.cloud import CloudBackend
+from airflow_provider_spotsched.backends.cloud import DEFAULT_PENDING_TIMEOUT_S, CloudBackend, utc_now
 from airflow_provider_spotsched.market.launch import LaunchRecorder
+from airflow_provider_spotsched.market.trace import parse_timestamp
 from airflow_provider_spotsched.scheduling.model import Allocation
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,8 @@ CAPACITY_ERRORS = (
 """Error codes (in an operation's errors or an HTTP error) that mean "no capacity here now"."""
 
 PREEMPTED_OPERATION = "compute.instances.preempted"
-_PENDING = ("PROVISIONING", "STAGING", "REPAIRING")
+_STARTING = ("PROVISIONING", "STAGING")  # created, waiting for a host and its first start
+_PENDING = (*_STARTING, "REPAIRING")
 _STOPPED = ("STOPPING", "TERMINATED")
 _OPERATION_TIMEOUT_S = 600
 _ALREADY_EXISTS = "RESOURCE_ALREADY_EXISTS"  # an insert operation's error when a racing try made the VM
@@ -130,7 +133,9 @@ class GceBackend(CloudBackend[_Vm, str]):
     standard VMs. ``accelerators`` is ``{accelerator type: count}`` (for example
     ``{"nvidia-tesla-t4": 1}``); GPU VMs get ``on_host_maintenance=TERMINATE``.
     ``service_account`` is the identity VMs use for the checkpoint store and to label their
-    result; no credential goes in the metadata.
+    result; no credential goes in the metadata. ``pending_timeout_s``: how long a VM may stay
+    ``PROVISIONING`` or ``STAGING`` after its creation before a reconcile deletes it and reports
+    its pool short (:mod:`.cloud`); ``clock`` is what that wait is measured against.
     """
 
     name = "gce"
@@ -155,6 +160,8 @@ class GceBackend(CloudBackend[_Vm, str]):
         poll_seconds: int = 10,
         zone_operations_client: compute_v1.ZoneOperationsClient | None = None,
         recorder: LaunchRecorder | None = None,
+        pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         required = {"project": project, "on_demand_zone": on_demand_zone, "machine_type": machine_type, "image": image}
         for name, value in required.items():
@@ -166,7 +173,9 @@ class GceBackend(CloudBackend[_Vm, str]):
             raise ValueError(f"disk_size_gb must be >= 10 (the smallest boot disk), got {disk_size_gb}")
         if not 1 <= master_port <= 65535:
             raise ValueError(f"master_port must be a TCP port in [1, 65535], got {master_port}")
-        super().__init__(poll_seconds=poll_seconds, recorder=recorder)
+        super().__init__(
+            poll_seconds=poll_seconds, recorder=recorder, pending_timeout_s=pending_timeout_s, clock=clock
+        )
         self.instances = instances_client
         self.operations = zone_operations_client
         self.project, self.zones, self.on_demand_zone = project, dict(zones), on_demand_zone
@@ -268,6 +277,10 @@ class GceBackend(CloudBackend[_Vm, str]):
 
     def _oldest_first(self, vm: _Vm) -> tuple[str, str]:
         return vm.created, vm.name
+
+    def _pending_since(self, vm: _Vm) -> datetime | None:
+        # Not REPAIRING: a VM that ran and is being repaired is not waiting for its first start.
+        return parse_timestamp(vm.created) if vm.status in _STARTING else None
 
     @staticmethod
     def _pool(job: TrainingJob, tag: str) -> str:
