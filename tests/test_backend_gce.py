@@ -59,7 +59,9 @@ class FakeComputeEngine:
     answer inserts with the recorded ZONE_RESOURCE_POOL_EXHAUSTED operation. An insert of a name
     in ``racing`` creates the VM (as an earlier, concurrent try of it would) but answers an
     operation whose error is RESOURCE_ALREADY_EXISTS, with the HTTP status 409 where ``racing``
-    maps the name to True.
+    maps the name to True. An insert of a name in ``refused`` answers that HTTP error. With
+    ``slow_inserts`` an insert answers a RUNNING operation and the VM appears (can be listed) only
+    once the operation is polled, as a VM still being created is not listed yet.
     """
 
     def __init__(self) -> None:
@@ -68,6 +70,9 @@ class FakeComputeEngine:
         self.exhausted: set[str] = set()
         self.failing_deletes: set[str] = set()  # names whose next delete operation ends in an error
         self.racing: dict[str, bool] = {}
+        self.refused: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.slow_inserts = False
+        self.creating: dict[str, tuple[tuple[str, str], dict[str, Any], dict[str, Any]]] = {}  # operation -> VM
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.lock = threading.Lock()
         self.addresses = iter(range(2, 250))
@@ -93,6 +98,10 @@ class FakeComputeEngine:
             self.requests.append((method, parsed.path, body))
             rest = parsed.path.removeprefix(BASE).split("/")
             zone, kind, target = rest[0], rest[1], rest[2:]
+            if kind == "operations" and target and target[0] in self.creating:  # polled: the VM now exists
+                key, instance, operation = self.creating.pop(target[0])
+                self.instances[key] = instance
+                return 200, operation
             if kind == "operations":
                 wanted = re.search(r'operationType = "([^"]+)"', query.get("filter", [""])[0])
                 operations = self.operations.get(zone, [])
@@ -141,6 +150,8 @@ class FakeComputeEngine:
             return 409, error
         if zone in self.exhausted:
             return 200, recorded("operation_zone_exhausted.json")
+        if name in self.refused:
+            return self.refused[name]
         instance = recorded("instance.json")
         instance.update(copy.deepcopy(body))
         instance["status"] = "PROVISIONING"
@@ -149,8 +160,12 @@ class FakeComputeEngine:
         instance["networkInterfaces"][0]["networkIP"] = f"10.128.0.{next(self.addresses)}"
         instance["metadata"] = {**body.get("metadata", {}), "fingerprint": "fp-0", "kind": "compute#metadata"}
         instance["selfLink"] = instance["selfLink"].replace("instance-template", name).replace("us-central1-a", zone)
-        self.instances[(zone, name)] = instance
         operation = self.operation(zone, name, "insert")
+        if self.slow_inserts:
+            operation["name"] = f"operation-insert-{name}"
+            self.creating[operation["name"]] = ((zone, name), instance, operation)
+            return 200, {**operation, "status": "RUNNING", "progress": 0}
+        self.instances[(zone, name)] = instance
         if name in self.racing:
             message = f"The resource '{instance['selfLink'].split('/v1/')[-1]}' already exists"
             operation["error"] = {"errors": [{"code": "RESOURCE_ALREADY_EXISTS", "message": message}]}
@@ -303,6 +318,24 @@ def test_an_insert_whose_operation_says_already_exists_counts_as_launched(gce, h
     assert [(o.launched, o.reason) for o in outcomes] == [(1, "")]
     assert [i.instance_id for i in status.instances] == [name] and status.active(POOLS) == Allocation((1, 0), 0)
     assert [n for _, n in gce.instances] == [name]
+
+
+def test_an_insert_refused_for_good_raises_only_after_the_accepted_ones_exist_so_release_ends_them(gce):
+    # the first insert is accepted (its VM not listed until the operation is done), the second is
+    # refused for a reason that is not capacity: the error must wait for the first VM, which a
+    # release that follows the failed launch then finds and deletes
+    gce.slow_inserts = True
+    refused = f"{name_prefix(JOB.job_id)}-g1-p0-1"
+    gce.refused[refused] = (403, {"error": {"code": 403, "message": "Required 'compute.instances.create' permission"}})
+    backend = make_backend(gce)
+    # the client polls an insert's operation through a zone-operations client of its own, built for
+    # the default endpoint whatever the client options say: point it at the fake
+    backend.instances._transport._extended_operations_services["zone_operations"] = backend.operations
+    with pytest.raises(BackendError, match=rf"creating instance {refused} failed: .*compute.instances.create"):
+        backend.reconcile(JOB, Allocation((2, 0), 0))
+    assert [n for _, n in gce.instances] == [f"{name_prefix(JOB.job_id)}-g1-p0-0"] and not gce.creating
+    backend.release(JOB)
+    assert gce.instances == {}
 
 
 def test_scale_down_deletes_the_newest_of_the_shrunk_pool(gce):

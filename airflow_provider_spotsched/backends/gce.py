@@ -348,7 +348,7 @@ class GceBackend(CloudBackend[_Vm, str]):
         zone = self.on_demand_zone if tag == "od" else self.zones[pool]
         launched: list[str] = []
         pending = []
-        reason = ""
+        reasons: list[str | BackendError] = []
         for name in (f"{name_prefix(job.job_id)}-g{generation}-{tag}-{index}" for index in range(count)):
             body = self._instance(job, name, zone, tag, generation, script)
             try:
@@ -357,8 +357,10 @@ class GceBackend(CloudBackend[_Vm, str]):
             except Conflict:
                 launched.append(name)  # a retried insert: the VM exists already
             except GoogleAPICallError as exc:
-                reason = _capacity_reason(exc, name)
+                reasons.append(_capacity_reason(exc, name))
                 break
+        # Every accepted insert is awaited, even after another failed for good: a VM still being
+        # created may not be listed yet, and a release that cannot see it would leave it running.
         for name, operation in pending:
             try:
                 operation.result(timeout=_OPERATION_TIMEOUT_S)
@@ -366,14 +368,17 @@ class GceBackend(CloudBackend[_Vm, str]):
                 launched.append(name)  # created by an earlier try of this insert, which raced this one
                 continue
             except GoogleAPICallError as exc:
-                reason = _capacity_reason(exc, name)
+                reasons.append(_capacity_reason(exc, name))
                 continue
             errors = operation.error.errors if operation.error else []
             if errors and not any(e.code == _ALREADY_EXISTS for e in errors):  # an error without an HTTP status
-                reason = _capacity_reason(GoogleAPICallError(str(errors)), name)
+                reasons.append(_capacity_reason(GoogleAPICallError(str(errors)), name))
                 continue
             launched.append(name)
-        return launched, reason
+        failure = next((r for r in reasons if isinstance(r, BackendError)), None)
+        if failure is not None:
+            raise failure
+        return launched, next((r for r in reversed(reasons) if isinstance(r, str)), "")
 
     def _with_launched(self, job: TrainingJob, vms: list[_Vm], launched: list[str]) -> list[_Vm]:
         return self._list(job) if launched else vms  # the new VMs' addresses and metadata fingerprints
@@ -482,10 +487,13 @@ def _generation_of(name: str) -> int:
     return int(parts[-3][1:]) if len(parts) == 4 and parts[-3][1:].isdigit() else 0
 
 
-def _capacity_reason(exc: GoogleAPICallError, name: str) -> str:
-    """The capacity code in ``exc``; any other error is a :class:`BackendError` naming the VM."""
+def _capacity_reason(exc: GoogleAPICallError, name: str) -> str | BackendError:
+    """The capacity code in ``exc``; any other error, a :class:`BackendError` naming the VM, for
+    the caller to raise once the inserts already accepted are awaited."""
     text = f"{exc} {getattr(exc, 'errors', '')}"
     for code in CAPACITY_ERRORS:
         if code in text:
             return code
-    raise BackendError(f"creating instance {name} failed: {exc}") from exc
+    failure = BackendError(f"creating instance {name} failed: {exc}")
+    failure.__cause__ = exc
+    return failure
