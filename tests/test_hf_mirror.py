@@ -118,3 +118,30 @@ def test_an_empty_store_has_nothing_to_resume(tmp_path: Path) -> None:
     mirror, local, _, _ = mirror_in(tmp_path)
     assert mirror.fetch_latest_valid(local / "checkpoints") == (None, [])
     assert mirror.prune(local / "checkpoints", keep=1) == []
+
+
+def test_a_stale_generations_newer_checkpoint_never_leaves_the_store_without_a_fallback(tmp_path: Path) -> None:
+    """keep=1. Generation 2 resumes from checkpoint-100 while a stale writer of generation 1 (a released
+    instance) finishes its checkpoint-150 afterwards. Ranked by step, 150 pushed generation 2's own saves out
+    of the store, so when generation 2 saved step 150 again over it and was cut off mid-upload, 150 was
+    corrupt (generation 1's manifest, generation 2's files) and nothing was left to resume from."""
+    mirror, first, store, _ = mirror_in(tmp_path)
+    mirror.upload(saved(first, 100))
+    second = tmp_path / "generation-2"
+    mirror.local_root = second
+    chosen, _ = mirror.fetch_latest_valid(second / "checkpoints")
+    assert chosen is not None and chosen.name == "checkpoint-100"
+    mirror.local_root = first
+    mirror.upload(saved(first, 150, b"generation 1's weights"))  # the stale writer's upload lands now
+    mirror.local_root = second
+    mirror.upload(saved(second, 120))
+    mirror.prune(second / "checkpoints", keep=1, keeping="checkpoint-120")
+    assert (store / "checkpoints" / "checkpoint-120" / MANIFEST).is_file()  # progress.json names it
+    own = saved(second, 150, b"generation 2's weights")  # the same step again, cut off after its first file
+    (store / "checkpoints" / "checkpoint-150" / "adapter_model.safetensors").write_bytes(
+        (own / "adapter_model.safetensors").read_bytes())
+    third = tmp_path / "generation-3"
+    mirror.local_root = third
+    chosen, skipped = mirror.fetch_latest_valid(third / "checkpoints")
+    assert [s.split(":")[0] for s in skipped] == ["checkpoint-150"]
+    assert chosen is not None and chosen.name == "checkpoint-120"

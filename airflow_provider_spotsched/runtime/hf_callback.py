@@ -297,7 +297,7 @@ class SpotCallback(TrainerCallback):
             prune(self.output_dir, self.keep, warn)
             if self.mirror is not None:  # inside the save's time, so the Young/Daly interval counts it
                 self.mirror.upload(directory)
-                self.mirror.prune(self.output_dir, self.keep)
+                self.mirror.prune(self.output_dir, self.keep, keeping=directory.name)
         barrier()  # no rank exits (torchrun would then stop the others) before the checkpoint is complete
         self.checkpointed_step = step
         save_s = now - self._save_requested if self._save_requested is not None else None

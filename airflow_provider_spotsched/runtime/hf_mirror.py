@@ -8,7 +8,7 @@ file matches it.
 
 - **up**: after a save, each file of ``checkpoint-N/`` is uploaded, then the manifest, last; a
   preemption mid-upload leaves a checkpoint without a manifest, which no resume takes. The store
-  is then pruned to the same K newest complete checkpoints.
+  is then pruned to the K newest complete checkpoints and the one just uploaded.
 - **down**: on a resume, the newest checkpoint in the store whose manifest is there is downloaded
   and verified against it on local disk; one that fails (a truncated object, a checksum mismatch)
   is named, skipped and removed, and the next older one is tried.
@@ -110,9 +110,15 @@ class CheckpointMirror:
             return local, skipped
         return None, skipped
 
-    def prune(self, output_dir: Path, keep: int) -> list[str]:
-        """Remove from the store what the local pruning removed: all but the ``keep`` newest complete ones,
-        and incomplete ones older than the newest (their upload was cut off)."""
+    def prune(self, output_dir: Path, keep: int, keeping: str | None = None) -> list[str]:
+        """Remove from the store all but the ``keep`` newest complete checkpoints and ``keeping`` (the one just
+        uploaded, which ``progress.json`` is about to name), and incomplete ones older than the newest (their
+        upload was cut off).
+
+        ``keeping`` matters when the store holds a newer checkpoint than this run's: one a stale generation
+        finished after this one resumed from an older one. Pushed out by it, this run's saves would leave the
+        store nothing to fall back on while this run later saves that same step again over it, file by file.
+        """
         removed: list[str] = []
         remote_dir = self._remote(output_dir)
         try:
@@ -120,7 +126,7 @@ class CheckpointMirror:
         except FileNotFoundError:
             return removed
         complete = self.remote_checkpoints(output_dir)
-        kept = set(complete[:keep])
+        kept = {*complete[:keep], keeping}
         newest = checkpoint_step(Path(complete[0])) if complete else None
         for name in names:
             step = checkpoint_step(Path(name))
