@@ -1,7 +1,8 @@
 """The ``spotsched`` command line: each subcommand is a few lines over the library modules.
 
 Bad input (a job or trace file that does not parse, an infeasible job, an unknown policy or
-parameter) ends with exit code 2 and one line that names the file or field, never a traceback.
+parameter) ends with exit code 2 and one line that names the file or field, never a traceback;
+Ctrl-C ends with exit code 130 and one line.
 The library's warnings (a long hole in a trace, a pool short of capacity) go to stderr as
 ``spotsched <command>: warning: ...`` lines.
 """
@@ -50,6 +51,8 @@ from airflow_provider_spotsched.simulation.evaluation import (
 )
 
 BAD_INPUT = 2
+INTERRUPTED = 130
+"""The exit code of a command ended by Ctrl-C (SIGINT), as a shell reports one (128 + 2)."""
 MAX_SLOT_HOURS = 24 * 365.0
 """The longest ``--slot-hours``: longer slots are no decisions, and past ~1e9 hours a date overflows."""
 
@@ -258,6 +261,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"spotsched run: error: {exc}; run the same command again to retry from the last checkpoint, or fix the "
               f"training command and remove {state_file} to start a new run", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # run_until released every instance before it re-raised (a second Ctrl-C that cuts
+        # that release short may leave some running: the re-run the message offers re-attaches to them)
+        print(f"spotsched run: interrupted; {_left_after_interrupt(job_id, state_file)}", file=sys.stderr)
+        return INTERRUPTED
     if run.member is not None:
         try:
             store_round(lambda: _read_text(selector_file), lambda doc: _write_json(selector_file, doc, "selector state"),
@@ -271,6 +278,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{result['policy']}: completed at {result['completion_hours']:.2f} h ({met}), cost ${result['cost']:.2f} "
           f"against ${result['on_demand_cost']:.2f} on demand, {result['preemptions']} preemption(s)")
     return 0
+
+
+def _left_after_interrupt(job_id: str, state_file: Path) -> str:
+    """What an interrupted run left behind and how to go on: its state is stored before anything is launched."""
+    if not state_file.exists():
+        return f"nothing of job {job_id} was launched or stored; run the same command again to start it"
+    return (f"every instance of job {job_id} was released (its checkpoints stay) and the run is kept in {state_file}: "
+            f"run the same command again to resume it from the last checkpoint, or remove {state_file} to drop it")
 
 
 def _run_flags(args: argparse.Namespace, job: Job, settings: LocalReplaySettings) -> dict[str, Any]:
@@ -705,6 +720,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         print(f"spotsched {args.command}: error: {exc}", file=sys.stderr)
         return BAD_INPUT
+    except KeyboardInterrupt:  # `spotsched run` says what its run was left in; elsewhere, one line, no traceback
+        print(f"spotsched {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     finally:
         library.removeHandler(warnings)
 

@@ -266,3 +266,31 @@ def test_a_rerun_whose_training_config_file_was_edited_is_refused(tmp_path, caps
     state_file.write_text(json.dumps(state))
     assert main(with_config) == 0
     assert "--training-config content" not in json.loads(state_file.read_text())["flags"]
+
+
+def test_ctrl_c_is_one_line_that_says_what_the_run_was_left_in_and_exit_130(tmp_path, capsys, monkeypatch):
+    job = write_job(tmp_path)
+    args = run_args(tmp_path, job, "--policy", "uniform-progress")
+    state_file = tmp_path / "work" / "runs" / "small-job.json"
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:  # before the first step stored anything
+        patched.setattr(RunDriver, "step", interrupt)
+        assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err == "spotsched run: interrupted; nothing of job small-job was launched or stored; run the same command again to start it\n"
+
+    with monkeypatch.context() as patched:  # Ctrl-C while the first slot's workers run
+        patched.setattr("airflow_provider_spotsched.execution.driver.wait_for_wake", interrupt)
+        assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("spotsched run: interrupted; every instance of job small-job was released (its checkpoints stay)")
+    assert f"run the same command again to resume it from the last checkpoint, or remove {state_file} to drop it" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not marked(str(tmp_path / "work" / "jobs" / "small-job")), "no worker left running"
+    assert json.loads(state_file.read_text())["run"]["records"], "the run is kept"
+
+    assert main(args) == 0
+    assert "re-attaching to job small-job" in capsys.readouterr().out
