@@ -1,7 +1,8 @@
 """The ``spotsched`` command line: each subcommand is a few lines over the library modules.
 
 Bad input (a job or trace file that does not parse, an infeasible job, an unknown policy or
-parameter) ends with exit code 2 and one line that names the file or field, never a traceback.
+parameter) ends with exit code 2 and one line that names the file or field, never a traceback;
+Ctrl-C ends with exit code 130 and one line.
 The library's warnings (a long hole in a trace, a pool short of capacity) go to stderr as
 ``spotsched <command>: warning: ...`` lines.
 """
@@ -9,6 +10,7 @@ The library's warnings (a long hole in a trace, a pool short of capacity) go to 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import json
 import logging
@@ -49,6 +51,8 @@ from airflow_provider_spotsched.simulation.evaluation import (
 )
 
 BAD_INPUT = 2
+INTERRUPTED = 130
+"""The exit code of a command ended by Ctrl-C (SIGINT), as a shell reports one (128 + 2)."""
 MAX_SLOT_HOURS = 24 * 365.0
 """The longest ``--slot-hours``: longer slots are no decisions, and past ~1e9 hours a date overflows."""
 
@@ -204,7 +208,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     job = read_job(args.job, args.max_instances_limit)
     try:
         settings = LocalReplaySettings.from_extra(
-            {"workdir": str(args.workdir), "trace": args.trace, "seconds_per_slot": args.seconds_per_slot,
+            {"workdir": _absolute(str(args.workdir)), "trace": args.trace, "seconds_per_slot": args.seconds_per_slot,
              "market_start": args.market_start, "history_slots": args.history_slots},
             "spotsched run",
         )
@@ -257,6 +261,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"spotsched run: error: {exc}; run the same command again to retry from the last checkpoint, or fix the "
               f"training command and remove {state_file} to start a new run", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # run_until released every instance before it re-raised (a second Ctrl-C that cuts
+        # that release short may leave some running: the re-run the message offers re-attaches to them)
+        print(f"spotsched run: interrupted; {_left_after_interrupt(job_id, state_file)}", file=sys.stderr)
+        return INTERRUPTED
     if run.member is not None:
         try:
             store_round(lambda: _read_text(selector_file), lambda doc: _write_json(selector_file, doc, "selector state"),
@@ -272,12 +280,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _left_after_interrupt(job_id: str, state_file: Path) -> str:
+    """What an interrupted run left behind and how to go on: its state is stored before anything is launched."""
+    if not state_file.exists():
+        return f"nothing of job {job_id} was launched or stored; run the same command again to start it"
+    return (f"every instance of job {job_id} was released (its checkpoints stay) and the run is kept in {state_file}: "
+            f"run the same command again to resume it from the last checkpoint, or remove {state_file} to drop it")
+
+
 def _run_flags(args: argparse.Namespace, job: Job, settings: LocalReplaySettings) -> dict[str, Any]:
     """What a run is started with, stored in its state: a re-run re-attaches with the stored run's
     market clock, command and decisions, so it must be given the same (:func:`_check_same_flags`)."""
     return {
         "--job": job.to_dict(),
-        "--trace": str(settings.trace),
+        "--trace": _absolute(str(settings.trace)),
         "--market-start": None if settings.market_start is None else format_timestamp(settings.market_start),
         "--seconds-per-slot": settings.seconds_per_slot,
         "--history-slots": settings.history_slots,
@@ -286,15 +302,46 @@ def _run_flags(args: argparse.Namespace, job: Job, settings: LocalReplaySettings
         "--param": dict(parse_param(p) for p in args.param),
         "--forecaster": args.forecaster,
         "--command": args.training_command,
-        "--training-config": None if args.training_config is None else str(args.training_config.resolve()),
-        "--checkpoint-uri": args.checkpoint_uri,
+        "--training-config": None if args.training_config is None else _absolute(str(args.training_config)),
+        CONFIG_CONTENT: None if args.training_config is None else _config_digest(args.training_config),
+        "--checkpoint-uri": _absolute(args.checkpoint_uri) if args.checkpoint_uri else args.checkpoint_uri,
     }
+
+
+PATH_FLAGS = ("--trace", "--training-config", "--checkpoint-uri")
+CONFIG_CONTENT = "--training-config content"
+"""The stored digest of the --training-config file: the run goes on with the copy it wrote under its
+checkpoint URI when it started, so an edit of the file since would be silently ignored."""
+
+
+def _absolute(location: str) -> str:
+    """A local path as the absolute path it names from here (a URI such as ``s3://...`` as given): a
+    re-run from another directory that names the same file matches, one whose relative path now
+    names another file does not."""
+    return location if "://" in location else str(Path(location).expanduser().resolve())
+
+
+def _config_digest(path: Path) -> str | None:
+    """The --training-config file's SHA-256 (hex), ``None`` when it does not exist."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"--training-config {path}: cannot read ({exc.strerror})") from None
 
 
 def _check_same_flags(stored: Mapping[str, Any], given: Mapping[str, Any], state_file: Path) -> None:
     """Refuse a re-run whose flags differ from those its stored run was started with (it would
-    re-attach, and silently run the stored ones, or drive the stored clock on another market)."""
+    re-attach, and silently run the stored ones, or drive the stored clock on another market).
+
+    A flag the stored run lacks is not compared: a run stored before it was (the config's digest,
+    say) re-attaches as before. Paths compare resolved; a run stored before they were stored
+    resolved has them as typed, and those resolve from here, as the text comparison read them."""
+    stored = {**stored, **{flag: _absolute(stored[flag]) for flag in PATH_FLAGS if stored.get(flag)}}
     differ = [flag for flag in given if flag in stored and stored[flag] != given[flag]]
+    if "--training-config" in differ and CONFIG_CONTENT in differ:  # another file: its content says nothing more
+        differ.remove(CONFIG_CONTENT)
     if not differ:
         return
     if "--job" in differ:  # name the job's fields that differ, not all of them
@@ -309,6 +356,9 @@ def _check_same_flags(stored: Mapping[str, Any], given: Mapping[str, Any], state
 
 def _flag_text(flag: str, value: Any, as_option: bool = False) -> str:
     """A stored flag's value as text, or (``as_option``) as the option that gives it."""
+    if flag == CONFIG_CONTENT:  # compared only for the same file, which the stored run had
+        text = "no such file" if value is None else f"sha256 {value[:12]}"
+        return f"the --training-config file as it was when the run started ({text})" if as_option else text
     if value is None or value == {}:
         return f"no {flag}" if as_option else "none"
     if flag == "--job":
@@ -324,9 +374,13 @@ def _start_run(
     args: argparse.Namespace, job: Job, job_id: str, env: SpotEnvironment, persist: Persist, selector_file: Path,
     load: Load,
 ) -> RunDriver:
-    """Every check before anything launches; the training command follows the runtime's contract."""
-    if args.checkpoint_uri:
-        fs, path = env.locate(args.checkpoint_uri)
+    """Every check before anything launches; the training command follows the runtime's contract.
+
+    The run keeps absolute paths (the workdir's, the checkpoint URI's): a re-run from another
+    directory re-attaches, and relaunches the stored command, with the same checkpoints."""
+    checkpoint_uri = _absolute(args.checkpoint_uri) if args.checkpoint_uri else args.checkpoint_uri
+    if checkpoint_uri:
+        fs, path = env.locate(checkpoint_uri)
         if fs.isfile(path):  # the runtime writes progress.json and checkpoints under it
             raise InputError(f"--checkpoint-uri {args.checkpoint_uri}: is a file; give a directory (new or existing) for the checkpoints")
     params = dict(parse_param(p) for p in args.param)
@@ -342,14 +396,14 @@ def _start_run(
                 print(f"selector: {selector_file} does not exist yet; starting a fresh selector")
         if args.training_command:
             command = shlex.split(args.training_command)
-            driver = RunDriver.start(env, config, lambda uri: command, args.checkpoint_uri, persist, learnt, load)
+            driver = RunDriver.start(env, config, lambda uri: command, checkpoint_uri, persist, learnt, load)
         else:
             training_config = _read_json(args.training_config)
             if training_config is None:
                 raise InputError(f"--training-config {args.training_config}: no such file")
             runtime = TrainConfig.from_dict(training_config).runtime
             driver = RunDriver.start(env, config, lambda uri: runtime_command(uri, runtime=runtime),
-                                     args.checkpoint_uri, persist, learnt, load)
+                                     checkpoint_uri, persist, learnt, load)
             write_config(driver.training.checkpoint_uri, training_config)
     except (ValueError, TraceError, SelectorStoreError) as exc:  # JobError, BudgetError, a bad pool, policy or state
         raise InputError(str(exc)) from None
@@ -666,6 +720,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         print(f"spotsched {args.command}: error: {exc}", file=sys.stderr)
         return BAD_INPUT
+    except KeyboardInterrupt:  # `spotsched run` says what its run was left in; elsewhere, one line, no traceback
+        print(f"spotsched {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     finally:
         library.removeHandler(warnings)
 

@@ -6,12 +6,15 @@ GCP trace; a second call with the same job re-attaches to the run's state instea
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
+from airflow_provider_spotsched import GCP_TRACE
 from airflow_provider_spotsched.backends.local_processes import marked
 from airflow_provider_spotsched.cli import main
 from airflow_provider_spotsched.execution.driver import RunDriver
@@ -200,3 +203,94 @@ def test_a_training_command_that_cannot_start_is_one_error_line_and_exit_1(tmp_p
     assert last.startswith("spotsched run: error: training of small-job failed: ") and "no-such-program" in last
     assert f"fix the training command and remove {tmp_path / 'work' / 'runs' / 'small-job.json'}" in last
     assert "Traceback" not in err
+
+
+def test_a_rerun_compares_paths_by_the_file_they_name_not_as_typed(tmp_path, capsys, monkeypatch):
+    job = write_job(tmp_path)
+    shutil.copy(GCP_TRACE, tmp_path / GCP_TRACE.name)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(GCP_TRACE, elsewhere / GCP_TRACE.name)  # the same name, another file
+    monkeypatch.chdir(tmp_path)
+    args = run_args(tmp_path, job, "--policy", "uniform-progress", "--trace", GCP_TRACE.name)
+    assert main(with_flag(args, "--checkpoint-uri", "./checkpoint")) == 0
+    state_file = tmp_path / "work" / "runs" / "small-job.json"
+    stored = json.loads(state_file.read_text())
+    assert stored["flags"]["--trace"] == str(tmp_path / GCP_TRACE.name)
+    assert stored["flags"]["--checkpoint-uri"] == str(tmp_path / "checkpoint")
+    assert stored["job"]["checkpoint_uri"] == str(tmp_path / "checkpoint"), "a relaunch from elsewhere finds the checkpoints"
+    capsys.readouterr()
+
+    monkeypatch.chdir(elsewhere)  # the same files, named from another directory: the same run
+    same = with_flag(with_flag(args, "--trace", str(tmp_path / GCP_TRACE.name)), "--checkpoint-uri", "../checkpoint")
+    assert main(same) == 0
+    assert "re-attaching to job small-job" in capsys.readouterr().out
+
+    assert main(with_flag(args, "--checkpoint-uri", "../checkpoint")) == 2  # --trace now names elsewhere's copy
+    err = capsys.readouterr().err
+    assert f"--trace: stored {tmp_path / GCP_TRACE.name}, given {elsewhere / GCP_TRACE.name}" in err
+    assert f"give --trace {tmp_path / GCP_TRACE.name}, or remove {state_file}" in err and len(err.strip().splitlines()) == 1
+
+    legacy = json.loads(state_file.read_text())  # stored before paths were resolved: as typed, read from here
+    legacy["flags"]["--trace"] = GCP_TRACE.name
+    state_file.write_text(json.dumps(legacy))
+    assert main(with_flag(args, "--checkpoint-uri", "../checkpoint")) == 0
+
+
+def test_a_rerun_whose_training_config_file_was_edited_is_refused(tmp_path, capsys):
+    job = write_job(tmp_path)
+    args = run_args(tmp_path, job, "--policy", "uniform-progress")
+    assert main(args) == 0
+    capsys.readouterr()
+    config = tmp_path / "train-config.json"
+    config.write_text('{"steps": 10}')
+    state_file = tmp_path / "work" / "runs" / "small-job.json"
+    state = json.loads(state_file.read_text())  # as if the run had been started with --training-config
+    state["flags"].update({"--command": None, "--training-config": str(config),
+                           "--training-config content": hashlib.sha256(config.read_bytes()).hexdigest()})
+    state_file.write_text(json.dumps(state))
+    with_config = args[:args.index("--command")] + ["--training-config", str(config)] + args[args.index("--command") + 2:]
+    assert main(with_config) == 0, "the same content re-attaches"
+    assert "re-attaching to job small-job" in capsys.readouterr().out
+
+    config.write_text('{"steps": 20}')
+    assert main(with_config) == 2
+    err = capsys.readouterr().err
+    stored, given = (hashlib.sha256(text.encode()).hexdigest()[:12] for text in ('{"steps": 10}', '{"steps": 20}'))
+    assert err.startswith("spotsched run: error: the stored run small-job was started with other flags (")
+    assert f"--training-config content: stored sha256 {stored}, given sha256 {given}" in err
+    assert f"give the --training-config file as it was when the run started (sha256 {stored}), or remove {state_file}" in err
+    assert len(err.strip().splitlines()) == 1
+
+    del state["flags"]["--training-config content"]  # a run stored before the digest was: re-attaches unchecked
+    state_file.write_text(json.dumps(state))
+    assert main(with_config) == 0
+    assert "--training-config content" not in json.loads(state_file.read_text())["flags"]
+
+
+def test_ctrl_c_is_one_line_that_says_what_the_run_was_left_in_and_exit_130(tmp_path, capsys, monkeypatch):
+    job = write_job(tmp_path)
+    args = run_args(tmp_path, job, "--policy", "uniform-progress")
+    state_file = tmp_path / "work" / "runs" / "small-job.json"
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:  # before the first step stored anything
+        patched.setattr(RunDriver, "step", interrupt)
+        assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err == "spotsched run: interrupted; nothing of job small-job was launched or stored; run the same command again to start it\n"
+
+    with monkeypatch.context() as patched:  # Ctrl-C while the first slot's workers run
+        patched.setattr("airflow_provider_spotsched.execution.driver.wait_for_wake", interrupt)
+        assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("spotsched run: interrupted; every instance of job small-job was released (its checkpoints stay)")
+    assert f"run the same command again to resume it from the last checkpoint, or remove {state_file} to drop it" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not marked(str(tmp_path / "work" / "jobs" / "small-job")), "no worker left running"
+    assert json.loads(state_file.read_text())["run"]["records"], "the run is kept"
+
+    assert main(args) == 0
+    assert "re-attaching to job small-job" in capsys.readouterr().out

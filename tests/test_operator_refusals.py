@@ -124,11 +124,21 @@ def test_templated_arguments_holding_jinja_are_left_for_the_task_to_check(tmp_pa
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [({"policy": "magic"}, r"^policy='magic': not a registered policy"), ({"slot_hours": 0}, r"^slot_hours=0: must be >= 0.0166667"),
-     ({"history_hours": -1}, r"^history_hours=-1: must be > 0")],
+     ({"history_hours": "48"}, r"^history_hours='48': text, not a number")],
 )
 def test_the_solver_operator_refuses_its_untemplated_arguments_when_the_dag_is_parsed(overrides, message):
     with pytest.raises(JobError, match=message):
         SpotAllocationSolverOperator(task_id="solve", market="gcp", **overrides)
+
+
+@pytest.mark.parametrize(("slot_hours", "history_hours", "least"), [(1.0, -1, 24), (1.0, 12, 24), (48.0, 24.0, 48)])
+def test_the_solver_operator_refuses_less_history_than_its_market_read_needs_when_the_dag_is_parsed(
+    slot_hours, history_hours, least
+):
+    """As the forecast operator does: every run would fail reading its market (slot_market_at)."""
+    message = rf"^history_hours={history_hours!r}: a forecast needs .* give history_hours >= {least}$"
+    with pytest.raises(ValueError, match=message):
+        SpotAllocationSolverOperator(task_id="solve", market="gcp", slot_hours=slot_hours, history_hours=history_hours)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

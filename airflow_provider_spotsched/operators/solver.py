@@ -24,7 +24,7 @@ import numpy as np
 from airflow.sdk import BaseOperator
 
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
-from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, slot_market_at
+from airflow_provider_spotsched.forecast.snapshot import DEFAULT_HISTORY_HOURS, check_history_hours, slot_market_at
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.hooks.rendered import rendered_job, rendered_object
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
@@ -59,7 +59,9 @@ class SpotAllocationSolverOperator(BaseOperator):
     :param slot_hours: slot length in hours, to start a run.
     :param job_id: the run's id (default: the DAG and task ids with a hash unique to this start; a
         continued run keeps the id in its ``run_state``).
-    :param history_hours: hours of market history to read before ``at``.
+    :param history_hours: hours of market history to read before ``at``: a day or more (the
+        market is read as the forecast operator reads it, whatever the policy), at least one slot
+        before ``at``'s where a slot is longer; checked against ``slot_hours`` when the DAG is parsed.
     """
 
     template_fields: Sequence[str] = ("run_state", "forecast", "work_done", "at", "pools", "job", "policy_params")
@@ -90,8 +92,8 @@ class SpotAllocationSolverOperator(BaseOperator):
         if policy not in POLICIES:  # policy and slot_hours are no templates: refused when the DAG is parsed
             raise JobError(f"policy={policy!r}: not a registered policy; choose one of {sorted(POLICIES)}")
         check_field("slot_hours", slot_hours)
-        if as_number("history_hours", history_hours) <= 0:
-            raise JobError(f"history_hours={history_hours!r}: must be > 0; give the hours of market history to read")
+        as_number("history_hours", history_hours)  # text or a bool refused as such
+        check_history_hours(history_hours, slot_hours)  # the market is read as a forecast reads it: a day or more
         self.slot_hours, self.job_id, self.history_hours = float(slot_hours), job_id, float(history_hours)
 
     def execute(self, context: Any) -> dict[str, Any]:
