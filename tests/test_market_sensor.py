@@ -116,18 +116,19 @@ def test_timeout_falls_back_to_on_demand_instead_of_failing(tmp_path):
     assert first_payload(rebuilt(original))["reason"] == "timeout"  # restarted after the timeout: fires at once
 
 
-def flaky_feed(monkeypatch, failures: int) -> list[str]:
-    """The trigger's market feed fails its first ``failures`` observations (a dropped call); the
-    calls are listed in the returned list."""
+def flaky_feed(monkeypatch, errors: list[Exception | None]) -> list[str]:
+    """The trigger's market feed raises ``errors[k]`` at its k-th observation (``None``: observes);
+    past the list it observes. The calls are listed in the returned list."""
     from airflow_provider_spotsched.triggers import market
 
     calls: list[str] = []
 
     class FlakyFeed(market.LiveMarketFeed):
         def history(self, now, pools=None):
-            calls.append("failed" if len(calls) < failures else "observed")
-            if calls[-1] == "failed":
-                raise ConnectionError("connection reset by peer")
+            error = errors[len(calls)] if len(calls) < len(errors) else None
+            calls.append("observed" if error is None else "failed")
+            if error is not None:
+                raise error
             return super().history(now, pools)
 
     monkeypatch.setattr(market, "LiveMarketFeed", FlakyFeed)
@@ -135,15 +136,34 @@ def flaky_feed(monkeypatch, failures: int) -> list[str]:
 
 
 def test_a_failed_market_observation_is_retried_at_the_next_poll(tmp_path, monkeypatch):
-    calls = flaky_feed(monkeypatch, failures=OBSERVE_FAILURES_TO_FAIL - 1)
+    calls = flaky_feed(monkeypatch, [ConnectionError("connection reset by peer")] * (OBSERVE_FAILURES_TO_FAIL - 1))
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.5, 4), "pool-b": (2.5, 4)}, {"pool-a": (1.5, 4), "pool-b": (2.5, 4)})
     event = first_payload(trigger(trace, {"price_below": 2.0}))
     assert event["reason"] == "price" and event["details"]["pool"] == "pool-a"
     assert calls == ["failed"] * (OBSERVE_FAILURES_TO_FAIL - 1) + ["observed"]
 
 
+def test_a_value_error_from_a_source_that_has_answered_is_retried_not_taken_for_misconfiguration(tmp_path, monkeypatch):
+    # the price drops a slot (a second) in: the first observation answers with no start, then one call's reply
+    # cannot be read (a page cut short; requests' JSONDecodeError is a ValueError) and another's parts vanished
+    from requests.exceptions import JSONDecodeError
+
+    calls = flaky_feed(monkeypatch, [None, JSONDecodeError("Unterminated string", "{", 1), ValueError("parts kept vanishing")])
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (3.0, 4), "pool-b": (2.5, 4)}, {"pool-a": (1.5, 4), "pool-b": (2.5, 4)})
+    event = first_payload(trigger(trace, {"price_below": 2.0}, start=SWITCH - timedelta(hours=1)))
+    assert event["reason"] == "price" and calls[:3] == ["observed", "failed", "failed"]
+
+
+def test_a_value_error_before_the_source_ever_answered_fails_the_wait_at_once(tmp_path, monkeypatch):
+    calls = flaky_feed(monkeypatch, [ValueError("options: region 'mars-1' is not a region")])
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.5, 4)}, {"pool-a": (1.5, 4)})
+    with pytest.raises(ValueError, match="mars-1"):
+        first_payload(trigger(trace, {"price_below": 2.0}))
+    assert calls == ["failed"]
+
+
 def test_a_market_source_that_keeps_failing_fails_the_wait_with_its_error(tmp_path, monkeypatch):
-    calls = flaky_feed(monkeypatch, failures=10**6)
+    calls = flaky_feed(monkeypatch, [ConnectionError("connection reset by peer")] * 100)
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.5, 4)}, {"pool-a": (1.5, 4)})
     with pytest.raises(RuntimeError, match=f"failed {OBSERVE_FAILURES_TO_FAIL} times in a row.*ConnectionError: connection reset"):
         first_payload(trigger(trace, {"price_below": 2.0}))

@@ -12,8 +12,8 @@ starting on when any condition of :class:`StartConditions` holds, checked cheape
 
 At ``timeout_at`` it does not fail: it fires ``reason="timeout"`` with ``fallback="on-demand"``
 so the downstream task starts on on-demand. A failed observation (a throttled or dropped call to
-the market source; not a ``ValueError``, which says the source is misconfigured and fails at once)
-is logged and retried at the next poll; only ``OBSERVE_FAILURES_TO_FAIL`` in a
+the market source) is logged and retried at the next poll (but a source that refuses its input
+before it ever answered is misconfigured and fails at once: :func:`misconfigured`); only ``OBSERVE_FAILURES_TO_FAIL`` in a
 row fail the wait, with the last error, since by then it is no blip but a source that is down or
 misconfigured. Every argument is plain data and the instants are
 absolute ISO strings (the timeout, the replay clock's origin), so a triggerer that restarts
@@ -50,6 +50,15 @@ def check_live_forecaster(forecaster: str) -> None:
     sensor calls it when the DAG is parsed, the conditions again before the wait."""
     if forecaster not in LIVE_FORECASTERS:
         raise ValueError(f"forecaster={forecaster!r}: not a forecaster of a live market; choose one of {sorted(LIVE_FORECASTERS)}")
+
+
+def misconfigured(error: Exception, answered: bool) -> bool:
+    """Whether a failed observation says the source is misconfigured (fail the wait at once) rather
+    than that a call was dropped (retry): a ``ValueError`` (a missing trace, options the source
+    refuses) from a source that has never answered. One that has answered before refuses only what
+    it was sent this time (a page cut short, parts compacted while read), and a ``ValueError`` that
+    is also an ``OSError`` (requests' ``JSONDecodeError`` of a truncated body) is a dropped call."""
+    return isinstance(error, ValueError) and not isinstance(error, OSError) and not answered
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,7 @@ class SpotMarketTrigger(BaseTrigger):
         clock = ReplayClock.from_dict(self.replay) if self.replay else None
         timeout_at = parse_instant(self.timeout_at, "timeout_at")
         failures = 0  # observations failed in a row
+        answered = False  # whether the source has answered once: until then a refusal is its configuration
         while True:
             now = datetime.now(timezone.utc)
             if now >= timeout_at:
@@ -195,9 +205,9 @@ class SpotMarketTrigger(BaseTrigger):
             market_now = clock.market_time(now) if clock else now
             try:
                 market = await asyncio.to_thread(self._observe, feed, market_now)
-            except ValueError:
-                raise  # a misconfigured source or data it cannot read (a missing trace): no retry mends it
             except Exception as error:
+                if misconfigured(error, answered):
+                    raise
                 failures += 1
                 if failures >= OBSERVE_FAILURES_TO_FAIL:
                     raise RuntimeError(
@@ -207,7 +217,7 @@ class SpotMarketTrigger(BaseTrigger):
                 self.log.warning("market observation failed (%d in a row), retrying at the next poll: %s", failures, error)
                 market = None
             else:
-                failures = 0
+                failures, answered = 0, True
             if market is not None:
                 reason, found = PRICE, conditions.price(market)
                 if found is None:
