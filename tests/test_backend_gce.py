@@ -155,6 +155,7 @@ class FakeComputeEngine:
         instance = recorded("instance.json")
         instance.update(copy.deepcopy(body))
         instance["status"] = "PROVISIONING"
+        del instance["lastStartTimestamp"]  # a new VM has not started yet
         created = CREATED + timedelta(seconds=len(self.requests))
         instance["creationTimestamp"] = created.isoformat(timespec="milliseconds")
         instance["networkInterfaces"][0]["networkIP"] = f"10.128.0.{next(self.addresses)}"
@@ -482,6 +483,19 @@ def test_a_vm_stuck_provisioning_past_pending_timeout_s_is_deleted_and_its_zone_
 
     status = backend.reconcile(JOB, Allocation((1, 1), 0))  # the next slot may ask the zone again: once
     assert len(gce.inserts()) == 3 and status.active(POOLS) == Allocation((1, 1), 0)
+
+
+def test_a_standard_vm_restarting_after_it_ran_is_not_taken_for_one_stuck_pending(gce):
+    # automatic_restart after a host-maintenance stop: a VM created hours ago is STAGING again
+    now = [CREATED + timedelta(minutes=1)]
+    backend = make_backend(gce, clock=lambda: now[0])
+    backend.reconcile(JOB, Allocation((0, 0), 1))
+    ((zone, name),) = gce.instances
+    gce.instances[(zone, name)].update(status="RUNNING", lastStartTimestamp=now[0].isoformat())
+    now[0] += timedelta(hours=3)
+    gce.instances[(zone, name)]["status"] = "STAGING"
+    status = backend.reconcile(JOB, Allocation((0, 0), 1))
+    assert gce.calls("DELETE") == [] and status.active(POOLS) == Allocation((0, 0), 1)
 
 
 def test_a_lone_vm_stuck_provisioning_is_deleted_and_the_launch_reported_as_no_capacity(gce):

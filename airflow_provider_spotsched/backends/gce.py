@@ -105,6 +105,7 @@ class _Vm:
     labels: Mapping[str, str]
     ip: str | None
     created: str
+    started: str  # lastStartTimestamp: "" until the VM first starts
     metadata: compute_v1.Metadata
 
     @property
@@ -221,6 +222,7 @@ class GceBackend(CloudBackend[_Vm, str]):
                     labels=dict(instance.labels),
                     ip=interfaces[0].network_i_p if interfaces and interfaces[0].network_i_p else None,
                     created=instance.creation_timestamp,
+                    started=instance.last_start_timestamp,
                     metadata=instance.metadata,
                 )
                 vms.append(vm)
@@ -279,8 +281,9 @@ class GceBackend(CloudBackend[_Vm, str]):
         return vm.created, vm.name
 
     def _pending_since(self, vm: _Vm) -> datetime | None:
-        # Not REPAIRING: a VM that ran and is being repaired is not waiting for its first start.
-        return parse_timestamp(vm.created) if vm.status in _STARTING else None
+        # Only a VM that never started: one that has (a standard VM restarting after host maintenance
+        # passes through PROVISIONING and STAGING again, a REPAIRING one) has run and may run again.
+        return parse_timestamp(vm.created) if vm.status in _STARTING and not vm.started else None
 
     @staticmethod
     def _pool(job: TrainingJob, tag: str) -> str:
