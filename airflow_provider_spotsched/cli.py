@@ -340,7 +340,9 @@ def _check_same_flags(stored: Mapping[str, Any], given: Mapping[str, Any], state
     resolved has them as typed, and those resolve from here, as the text comparison read them."""
     stored = {**stored, **{flag: _absolute(stored[flag]) for flag in PATH_FLAGS if stored.get(flag)}}
     differ = [flag for flag in given if flag in stored and stored[flag] != given[flag]]
-    if "--training-config" in differ and CONFIG_CONTENT in differ:  # another file: its content says nothing more
+    if CONFIG_CONTENT in differ and ("--training-config" in differ or given[CONFIG_CONTENT] is None):
+        # another file, whose content says nothing more; or the same file since removed (a temporary
+        # config): the run goes on with the copy it wrote under its checkpoint URI, which nobody edited
         differ.remove(CONFIG_CONTENT)
     if not differ:
         return
@@ -357,7 +359,7 @@ def _check_same_flags(stored: Mapping[str, Any], given: Mapping[str, Any], state
 def _flag_text(flag: str, value: Any, as_option: bool = False) -> str:
     """A stored flag's value as text, or (``as_option``) as the option that gives it."""
     if flag == CONFIG_CONTENT:  # compared only for the same file, which the stored run had
-        text = "no such file" if value is None else f"sha256 {value[:12]}"
+        text = f"sha256 {value[:12]}"
         return f"the --training-config file as it was when the run started ({text})" if as_option else text
     if value is None or value == {}:
         return f"no {flag}" if as_option else "none"

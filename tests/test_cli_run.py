@@ -262,6 +262,10 @@ def test_a_rerun_whose_training_config_file_was_edited_is_refused(tmp_path, caps
     assert f"give the --training-config file as it was when the run started (sha256 {stored}), or remove {state_file}" in err
     assert len(err.strip().splitlines()) == 1
 
+    config.unlink()  # a temporary config, removed since: the run goes on with its own copy
+    assert main(with_config) == 0, capsys.readouterr().err
+
+    config.write_text('{"steps": 20}')
     del state["flags"]["--training-config content"]  # a run stored before the digest was: re-attaches unchecked
     state_file.write_text(json.dumps(state))
     assert main(with_config) == 0
