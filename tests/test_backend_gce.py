@@ -61,7 +61,8 @@ class FakeComputeEngine:
     operation whose error is RESOURCE_ALREADY_EXISTS, with the HTTP status 409 where ``racing``
     maps the name to True. An insert of a name in ``refused`` answers that HTTP error. With
     ``slow_inserts`` an insert answers a RUNNING operation and the VM appears (can be listed) only
-    once the operation is polled, as a VM still being created is not listed yet.
+    once the operation is polled, as a VM still being created is not listed yet; the operations in
+    ``stalled`` never finish.
     """
 
     def __init__(self) -> None:
@@ -72,6 +73,7 @@ class FakeComputeEngine:
         self.racing: dict[str, bool] = {}
         self.refused: dict[str, tuple[int, dict[str, Any]]] = {}
         self.slow_inserts = False
+        self.stalled: set[str] = set()  # insert operations (by name) that stay RUNNING however often polled
         self.creating: dict[str, tuple[tuple[str, str], dict[str, Any], dict[str, Any]]] = {}  # operation -> VM
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.lock = threading.Lock()
@@ -98,6 +100,8 @@ class FakeComputeEngine:
             self.requests.append((method, parsed.path, body))
             rest = parsed.path.removeprefix(BASE).split("/")
             zone, kind, target = rest[0], rest[1], rest[2:]
+            if kind == "operations" and target and target[0] in self.stalled:  # polled: still being created
+                return 200, {**self.creating[target[0]][2], "status": "RUNNING", "progress": 0}
             if kind == "operations" and target and target[0] in self.creating:  # polled: the VM now exists
                 key, instance, operation = self.creating.pop(target[0])
                 self.instances[key] = instance
@@ -232,6 +236,11 @@ def make_backend(gce: FakeComputeEngine, **overrides: Any) -> GceBackend:
         "clock": lambda: CREATED + timedelta(minutes=1),  # the fake's VMs stay PROVISIONING: a minute old
     }
     client = compute_v1.InstancesClient(transport="rest", client_options=options, credentials=AnonymousCredentials())
+    # the client polls an insert's operation through a zone-operations client of its own, built for
+    # the default endpoint whatever the client options say: point it at the fake
+    client._transport._extended_operations_services["zone_operations"] = compute_v1.ZoneOperationsClient(
+        transport="rest", client_options=options, credentials=AnonymousCredentials()
+    )
     return GceBackend(client, **(params | overrides))
 
 
@@ -329,14 +338,24 @@ def test_an_insert_refused_for_good_raises_only_after_the_accepted_ones_exist_so
     refused = f"{name_prefix(JOB.job_id)}-g1-p0-1"
     gce.refused[refused] = (403, {"error": {"code": 403, "message": "Required 'compute.instances.create' permission"}})
     backend = make_backend(gce)
-    # the client polls an insert's operation through a zone-operations client of its own, built for
-    # the default endpoint whatever the client options say: point it at the fake
-    backend.instances._transport._extended_operations_services["zone_operations"] = backend.operations
     with pytest.raises(BackendError, match=rf"creating instance {refused} failed: .*compute.instances.create"):
         backend.reconcile(JOB, Allocation((2, 0), 0))
     assert [n for _, n in gce.instances] == [f"{name_prefix(JOB.job_id)}-g1-p0-0"] and not gce.creating
     backend.release(JOB)
     assert gce.instances == {}
+
+
+def test_an_insert_not_done_in_time_is_a_clear_error_after_the_others_are_awaited(gce, monkeypatch):
+    from airflow_provider_spotsched.backends import gce as gce_module
+
+    monkeypatch.setattr(gce_module, "_OPERATION_TIMEOUT_S", 0.5)
+    gce.slow_inserts = True
+    stalled = f"{name_prefix(JOB.job_id)}-g1-p0-0"
+    gce.stalled.add(f"operation-insert-{stalled}")
+    backend = make_backend(gce)
+    with pytest.raises(BackendError, match=rf"creating instance {stalled}: not done after 0.5 s, it may still start"):
+        backend.reconcile(JOB, Allocation((2, 0), 0))
+    assert [n for _, n in gce.instances] == [f"{name_prefix(JOB.job_id)}-g1-p0-1"]  # the other was awaited
 
 
 def test_scale_down_deletes_the_newest_of_the_shrunk_pool(gce):

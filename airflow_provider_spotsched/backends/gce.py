@@ -373,6 +373,12 @@ class GceBackend(CloudBackend[_Vm, str]):
             except GoogleAPICallError as exc:
                 reasons.append(_capacity_reason(exc, name))
                 continue
+            except TimeoutError:
+                reasons.append(BackendError(
+                    f"creating instance {name}: not done after {_OPERATION_TIMEOUT_S} s, it may still start and bill; "
+                    "release the job, or reconcile again to count it"
+                ))
+                continue
             errors = operation.error.errors if operation.error else []
             if errors and not any(e.code == _ALREADY_EXISTS for e in errors):  # an error without an HTTP status
                 reasons.append(_capacity_reason(GoogleAPICallError(str(errors)), name))
