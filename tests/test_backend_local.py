@@ -357,7 +357,13 @@ def test_a_wrapped_trainer_that_outlives_its_shell_is_killed_before_the_new_set_
     h.backend.reconcile(h.job, Allocation(after, 0))
     wait_for("the new trainers", lambda: len(trainers(h)) == sum(after) and not set(trainers(h)) & set(old))
     assert not [p for p in old if alive(p.pid)]
-    events = [json.loads(line) for line in Path(h.jobdir, "events.jsonl").read_text().splitlines()]
+
+    def read_events() -> list[dict]:
+        return [json.loads(line) for line in Path(h.jobdir, "events.jsonl").read_text().splitlines()]
+
+    # the supervisor logs a launch just after starting the worker, which a loaded machine can show first
+    wait_for("the new set's launch events", lambda: [e["event"] for e in read_events()].count("launched") == sum(before) + sum(after))
+    events = read_events()
     kinds = [e["event"] for e in events]
     relaunch = max(i for i, kind in enumerate(kinds) if kind == "launched")
     assert "sigkill" in kinds[:relaunch]  # the old trainers were killed, and before the new set started
