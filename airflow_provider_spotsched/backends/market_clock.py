@@ -23,7 +23,6 @@ import numpy as np
 from airflow_provider_spotsched.market.slots import SlotMarket
 
 AWS_NOTICE_SECONDS = 120.0  # EC2's spot interruption notice
-GCP_NOTICE_SECONDS = 30.0  # Compute Engine's preemption notice
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,6 @@ TWO_WEEKS_HOURS = 14 * 24.0
 ROW_COLUMNS = (
     "quantity", "model", "pool", "step", "lead_hours", "origins", "mae", "mape", "mape_points", "skill", "coverage80",
 )
-INTERVAL = 0.8
-"""The central probability of the forecasters' intervals."""
 
 
 class BacktestError(ValueError):
