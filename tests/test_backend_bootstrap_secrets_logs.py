@@ -22,7 +22,7 @@ import pytest
 
 from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
 from airflow_provider_spotsched.backends.bootstrap import EXIT_NO_SECRET, HF_TOKEN_SECRET, startup_script
-from airflow_provider_spotsched.runtime.contract import log_uri, read_log_tail
+from airflow_provider_spotsched.runtime.contract import RESULT_FILE, log_uri, read_log_tail, read_result
 from tests.loopback_http import QuietHandler, serving
 from tests.moto_server import FAKE_CREDENTIALS, moto_endpoint  # noqa: F401 (a fixture)
 from tests.test_backend_bootstrap import lines, wait_for
@@ -108,6 +108,7 @@ def test_gcp_reads_the_token_with_the_service_account_and_uploads_the_log_before
     tail = read_log_tail(str(checkpoint), INSTANCE)
     assert tail is not None and "CUDA out of memory" in tail and "step 1 loss 2.5" in tail
     assert Path(log_uri(str(checkpoint), INSTANCE)).exists()
+    assert read_result(str(checkpoint), INSTANCE) == "failed-1"
     for text in (tail, result.stdout, result.stderr):
         assert TOKEN not in text and ACCESS_TOKEN not in text
 
@@ -128,6 +129,24 @@ def test_gcp_a_secret_the_instance_may_not_read_fails_the_command_naming_the_sec
     assert lines(tmp_path / "gcloud")[-1].endswith(f"spotsched-result=failed-{EXIT_NO_SECRET} --quiet")
     tail = read_log_tail(str(tmp_path / "ckpt"), INSTANCE)
     assert tail is not None and f"could not read the Hugging Face token from {other}" in tail
+
+
+def test_a_vm_that_may_not_label_itself_still_stores_its_result_beside_its_log(tmp_path, gcp):
+    """Without compute.instances.setLabels a spot VM that powered off reads as preempted: the run
+    driver reads the result the script stored beside the log instead (tests/test_failure_log_tail.py)."""
+    _, url = gcp
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "gcloud", f'#!/bin/bash\necho "$@" >> {tmp_path}/gcloud\n[ "$1" != compute ]\n')  # setLabels refused
+    checkpoint = str(tmp_path / "ckpt")
+    job = TrainingJob("job-1", ("bash", "-c", WORKER), checkpoint, ("us-central1-a",), env=job_env(tmp_path, bin_dir, url, 3))
+
+    result = run_script(tmp_path, job, "gcp")
+
+    assert result.returncode == 3 and (tmp_path / "powered-off").exists()
+    assert "could not label the result failed-3" in result.stderr
+    assert read_result(checkpoint, INSTANCE) == "failed-3"
+    assert Path(log_uri(checkpoint, INSTANCE, RESULT_FILE)).read_text() == "failed-3\n"
 
 
 def test_the_log_is_uploaded_periodically_and_when_the_script_is_stopped(tmp_path, gcp):
@@ -236,9 +255,10 @@ def test_aws_reads_the_token_from_secrets_manager_in_the_secrets_region(tmp_path
     assert lines(tmp_path / "got-token") == [TOKEN]
     upload = f"s3 cp --only-show-errors {tmp_path / 'train.log'} s3://bucket/ckpt/logs/i-0abc/train.log"
     calls = lines(tmp_path / "aws")
-    # the log before the result is reported, the result, the log again as the script exits
+    # the log before the result is reported, the result beside it and on the instance, the log again as the script exits
     assert calls[0] == upload and calls[-1] == upload
-    assert calls[1].startswith("ec2 create-tags --region eu-west-1 --resources i-0abc --tags Key=spotsched:result,Value=done")
+    assert calls[1] == f"s3 cp --only-show-errors {tmp_path / 'train.log.result'} s3://bucket/ckpt/logs/i-0abc/result"
+    assert calls[2].startswith("ec2 create-tags --region eu-west-1 --resources i-0abc --tags Key=spotsched:result,Value=done")
     assert TOKEN not in (tmp_path / "train.log").read_text() + result.stdout + result.stderr
 
 

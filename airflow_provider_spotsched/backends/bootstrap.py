@@ -15,7 +15,12 @@ other instances through c10d at ``MASTER_ADDR:MASTER_PORT``: the instances' secu
 firewall must let them reach each other on TCP). When the command exits 0 the job is done: the script records
 ``result=done`` on the instance (a tag or label, which the backend's ``status`` reads) and powers
 the instance off, so nothing keeps billing after success. Any other exit but 75 records
-``result=failed-<code>`` and powers off too. Exit 75 (preemption notice) waits for the next
+``result=failed-<code>`` and powers off too. Before the tag or label, the result (the same text)
+is uploaded beside the log, to ``<checkpoint_uri>/logs/<instance>/result``
+(:data:`~airflow_provider_spotsched.runtime.contract.RESULT_FILE`): an instance whose identity may
+not tag or label itself still leaves its result, which the run driver reads for an instance that
+ended without one (else a failing command on a spot instance would read as preempted, and be
+relaunched until the deadline). Exit 75 (preemption notice) waits for the next
 generation, which the backend publishes after replacing the lost capacity.
 
 ``SPOTSCHED_LOG`` (default ``/var/log/spotsched-train.log``) and ``SPOTSCHED_POWEROFF`` (default
@@ -50,7 +55,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
-from airflow_provider_spotsched.runtime.contract import EXIT_PREEMPTED, LOG_FILE, LOGS_DIR
+from airflow_provider_spotsched.runtime.contract import EXIT_PREEMPTED, LOG_FILE, LOGS_DIR, RESULT_FILE
 
 Provider = Literal["aws", "gcp"]
 
@@ -98,8 +103,7 @@ imds() {
 }
 rendezvous() { imds "tags/instance/spotsched:$1"; }
 instance_name() { imds instance-id; }
-report() {
-  upload_log
+tag_result() {
   aws ec2 create-tags --region "$(imds placement/region)" --resources "$(imds instance-id)" \
     --tags "Key=spotsched:result,Value=$1" || echo "spotsched: could not tag the result $1" >&2
 }
@@ -110,8 +114,7 @@ MD=${SPOTSCHED_METADATA_URL:-http://metadata.google.internal}
 md() { curl -sf -H "Metadata-Flavor: Google" "$MD/computeMetadata/v1/instance/$1"; }
 rendezvous() { md "attributes/spotsched-$1"; }
 instance_name() { md name; }
-report() {
-  upload_log
+tag_result() {
   local zone
   zone=$(md zone) && zone=${zone##*/}
   gcloud compute instances add-labels "$(md name)" --zone "$zone" --labels "spotsched-result=$1" --quiet \
@@ -152,15 +155,26 @@ with_hf_token() {
 
 _LOG_UPLOAD = r"""
 LOGS_URI=__LOGS_URI__
-LOG_URI="$LOGS_URI/$(instance_name || hostname)/__LOG_FILE__"
+INSTANCE_URI="$LOGS_URI/$(instance_name || hostname)"
+LOG_URI="$INSTANCE_URI/__LOG_FILE__"
+# upload FILE URI: copy FILE to the checkpoint store with the instance's identity
+upload() {
+  case "$2" in
+    s3://*) aws s3 cp --only-show-errors "$1" "$2" ;;
+    gs://*) gcloud storage cp --quiet "$1" "$2" ;;
+    *) mkdir -p "$(dirname "$2")" && cp "$1" "$2.tmp" && mv "$2.tmp" "$2" ;;
+  esac >/dev/null 2>&1 || echo "spotsched: could not upload $1 to $2" >&2
+}
 upload_log() {
   [ -f "${SPOTSCHED_LOG:-/var/log/spotsched-train.log}" ] || return 0
-  local log=${SPOTSCHED_LOG:-/var/log/spotsched-train.log}
-  case "$LOG_URI" in
-    s3://*) aws s3 cp --only-show-errors "$log" "$LOG_URI" ;;
-    gs://*) gcloud storage cp --quiet "$log" "$LOG_URI" ;;
-    *) mkdir -p "$(dirname "$LOG_URI")" && cp "$log" "$LOG_URI.tmp" && mv "$LOG_URI.tmp" "$LOG_URI" ;;
-  esac >/dev/null 2>&1 || echo "spotsched: could not upload the log to $LOG_URI" >&2
+  upload "${SPOTSCHED_LOG:-/var/log/spotsched-train.log}" "$LOG_URI"
+}
+# The result goes beside the log too: an identity that may not tag its instance still reports it.
+report() {
+  upload_log
+  local result=${SPOTSCHED_LOG:-/var/log/spotsched-train.log}.result
+  printf '%s\n' "$1" >"$result" && upload "$result" "$INSTANCE_URI/__RESULT_FILE__"
+  tag_result "$1"
 }
 # The uploader takes its sleep down with it, so that no orphan outlives the script (holding its
 # output open for up to a period).
@@ -288,6 +302,7 @@ def startup_script(job: TrainingJob, provider: Provider, *, poll_seconds: int = 
         + (_AWS_FUNCTIONS if provider == "aws" else _GCP_FUNCTIONS)
         + (_READ_SECRET[provider] + _SECRETS.replace("__EXIT_NO_SECRET__", str(EXIT_NO_SECRET)) if secret else "")
         + _LOG_UPLOAD.replace("__LOGS_URI__", logs_uri).replace("__LOG_FILE__", LOG_FILE)
+        .replace("__RESULT_FILE__", RESULT_FILE)
         + loop
     )
     if len(script.encode()) > MAX_SCRIPT_BYTES:

@@ -34,6 +34,13 @@ The rules a caller must not have to know:
 - **failures**: an instance failed in this try fails the run with its detail and the tail of the
   log it uploaded under ``checkpoint_uri/logs/`` (logged too); a new try (``reattach``) restarts
   a failed training from its checkpoint;
+- **results the instance could not tag**: an instance whose identity may not tag or label itself
+  ends without a result on the cloud (a spot one reads as preempted, an EC2 one that shut itself
+  down as failed); the result the start-up script also stores beside its log
+  (:func:`~airflow_provider_spotsched.runtime.contract.read_result`) decides: ``done`` finishes the
+  run, ``failed-<code>`` fails it, none leaves the backend's reading. It is read once per such
+  instance (the answers are kept in the state), so a failing command is not relaunched slot after
+  slot until the deadline;
 - any exception releases every instance of the job (checkpoints stay).
 """
 
@@ -43,7 +50,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -51,10 +58,12 @@ from airflow_provider_spotsched.backends.base import InstanceState, Insufficient
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.wake import Wait, wait_for_wake
 from airflow_provider_spotsched.runtime.contract import (
+    RESULT_FILE,
     log_uri,
     read_finished_at,
     read_log_tail,
     read_progress,
+    read_result,
     read_work_done,
 )
 from airflow_provider_spotsched.scheduling.model import Allocation, JobError
@@ -77,7 +86,11 @@ class Finished:
 
 Persist = Callable[[dict[str, Any]], None]
 Load = Callable[[], Mapping[str, Any] | None]
-STATE_KEYS = ("run", "job", "known_failures")
+STATE_KEYS = ("run", "job", "known_failures", "stored_results")
+UNTAGGED_RESULT = (
+    "the instance could not tag or label itself with its result: give its identity that right (EC2: ec2:CreateTags on "
+    "itself in the instance profile; Compute Engine: compute.instances.setLabels for the VMs' service account)"
+)
 
 
 class RunDriver:
@@ -90,6 +103,8 @@ class RunDriver:
     :param known_failures: failed instances of earlier tries, which this try does not count.
     :param load: reads back what ``persist`` stored (``None``: nothing yet); with it, a step
         goes on from a newer state another caller of the run stored (see the module docstring).
+    :param stored_results: instance -> the result it stored beside its log ("" for none), for the
+        instances already looked up (see the module docstring).
     """
 
     def __init__(
@@ -100,10 +115,12 @@ class RunDriver:
         persist: Persist,
         known_failures: int = 0,
         load: Load | None = None,
+        stored_results: Mapping[str, str] | None = None,
     ) -> None:
         self.env, self.run, self.training, self.persist = env, run, training, persist
         self.known_failures = known_failures
         self.load = load
+        self.stored_results = dict(stored_results or {})
         self._stored: str | None = None  # the state this driver last stored or was built from
 
     @classmethod
@@ -149,7 +166,8 @@ class RunDriver:
     # -- state ----------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
-        return {"run": self.run.to_state(), "job": self.training.to_dict(), "known_failures": self.known_failures}
+        return {"run": self.run.to_state(), "job": self.training.to_dict(), "known_failures": self.known_failures,
+                "stored_results": dict(self.stored_results)}
 
     @classmethod
     def from_state(
@@ -162,6 +180,7 @@ class RunDriver:
             persist,
             int(state.get("known_failures", 0)),
             load,
+            state.get("stored_results"),
         )
         driver._stored = _fingerprint(state)
         return driver
@@ -182,6 +201,7 @@ class RunDriver:
         self.run = OnlineRun.from_state(stored["run"])
         self.training = TrainingJob.from_dict(stored["job"])
         self.known_failures = int(stored.get("known_failures", 0))
+        self.stored_results = dict(stored.get("stored_results") or {})
         self._stored = _fingerprint(stored)
 
     # -- the loop -------------------------------------------------------------------------
@@ -243,13 +263,14 @@ class RunDriver:
     def _step(self, reattach: bool) -> Wait | Finished:
         run = self.run
         status = self.env.backend.status(self.training)
-        if status.finished or run.completion_hours is not None:
-            return self._finish(status)
-        failures = status.count(InstanceState.FAILED)
+        ended = self._with_stored_results(status)  # what ended how; the counts the trigger compares stay the backend's
+        if ended.finished or run.completion_hours is not None:
+            return self._finish(ended)
+        failures = ended.count(InstanceState.FAILED)
         if reattach:
             self.known_failures = failures
         elif failures > self.known_failures:
-            failed = [i for i in status.instances if i.state is InstanceState.FAILED]
+            failed = [i for i in ended.instances if i.state is InstanceState.FAILED]
             details = "; ".join(f"{i.instance_id} ({i.pool}): {i.detail}{self._log_tail(i.instance_id)}" for i in failed)
             raise TrainingFailedError(f"training of {self.training.job_id} failed: {details}")
         now = datetime.now(timezone.utc)
@@ -291,6 +312,32 @@ class RunDriver:
         """Whether the runtime reports all of the job's work done (it may still be exiting)."""
         progress = read_progress(self.training.checkpoint_uri, self.env.locate)
         return progress.samples_done >= self.run.config.job.work
+
+    def _with_stored_results(self, status: JobStatus) -> JobStatus:
+        """``status`` with the result each preempted or failed instance stored beside its log, where
+        its tag or label lacks one (module docstring); each instance is looked up once."""
+        instances = []
+        for instance in status.instances:
+            if instance.state in (InstanceState.PREEMPTED, InstanceState.FAILED):
+                result = self._stored_result(instance.instance_id)
+                if result and f"result={result}" not in instance.detail:  # the backend's detail names a tagged one
+                    state = InstanceState.FINISHED if result == "done" else InstanceState.FAILED
+                    detail = f"{instance.detail}, result={result} stored beside its log; {UNTAGGED_RESULT}"
+                    instance = replace(instance, state=state, detail=detail)
+            instances.append(instance)
+        return replace(status, instances=tuple(instances))
+
+    def _stored_result(self, instance_id: str) -> str:
+        """What ``instance_id`` stored beside its log ("": nothing), read once; a store that cannot be
+        read now leaves the backend's reading and is asked again at the next step."""
+        if instance_id not in self.stored_results:
+            try:
+                self.stored_results[instance_id] = read_result(self.training.checkpoint_uri, instance_id, self.env.locate) or ""
+            except Exception as error:  # storage errors share no base class
+                log.warning("could not read the result of %s at %s: %s", instance_id,
+                            log_uri(self.training.checkpoint_uri, instance_id, RESULT_FILE), error)
+                return ""
+        return self.stored_results[instance_id]
 
     def _log_tail(self, instance_id: str) -> str:
         """The tail of the log ``instance_id`` uploaded, logged and as text for the error ("" if none)."""

@@ -38,6 +38,9 @@ rendezvous id; :mod:`.node`); checkpoints record it."""
 LOGS_DIR = "logs"
 LOG_FILE = "train.log"
 """Under the checkpoint URI: ``logs/<instance>/train.log``, each cloud instance's command output."""
+RESULT_FILE = "result"
+"""Beside the log: ``logs/<instance>/result``, the result the instance also tags itself with
+(``done`` or ``failed-<code>``), readable when the instance's identity may not tag itself."""
 
 Locate = Callable[[str], tuple[AbstractFileSystem, str]]
 """A URI to the filesystem and path that reach it. The default, :func:`fsspec.core.url_to_fs`,
@@ -100,9 +103,19 @@ def _progress_path(checkpoint_uri: str) -> str:
     return f"{checkpoint_uri.rstrip('/')}/{PROGRESS_FILE}"
 
 
-def log_uri(checkpoint_uri: str, instance_id: str) -> str:
-    """Where the start-up script uploads ``instance_id``'s log (see :mod:`~.backends.bootstrap`)."""
-    return f"{checkpoint_uri.rstrip('/')}/{LOGS_DIR}/{instance_id}/{LOG_FILE}"
+def log_uri(checkpoint_uri: str, instance_id: str, name: str = LOG_FILE) -> str:
+    """Where the start-up script uploads ``instance_id``'s log, or its file ``name`` beside it
+    (:data:`RESULT_FILE`; see :mod:`~.backends.bootstrap`)."""
+    return f"{checkpoint_uri.rstrip('/')}/{LOGS_DIR}/{instance_id}/{name}"
+
+
+def read_result(checkpoint_uri: str, instance_id: str, locate: Locate = fsspec.core.url_to_fs) -> str | None:
+    """The result ``instance_id`` stored beside its log (``done``, ``failed-<code>``; ``None``: none stored)."""
+    fs, path = locate(log_uri(checkpoint_uri, instance_id, RESULT_FILE))
+    try:
+        return fs.cat_file(path).decode("utf-8", errors="replace").strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def read_log_tail(checkpoint_uri: str, instance_id: str, max_bytes: int = 4000,
