@@ -162,6 +162,19 @@ def test_a_preemption_with_no_stored_result_stays_a_preemption_and_its_store_is_
     assert rebuilt.stored_results == {instance.instance_id: ""}
 
 
+def test_a_preempted_instance_whose_command_the_shutdown_signalled_stays_a_preemption(tmp_path):
+    # a command that does not exit 75 on SIGTERM ends 143 as the preempted VM shuts down, and the
+    # script can store that before its own stop: the VM is gone, the job resumes elsewhere
+    driver, backend = untagged_driver(tmp_path, [])
+    (launched,) = backend.instances
+    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail=UNLABELLED)
+    backend.instances = [instance]
+    store(driver, instance.instance_id, RESULT_FILE, "failed-143\n")
+
+    wait = driver.step()
+    assert isinstance(wait, Wait) and wait.known_preemptions == 1
+
+
 def test_a_tagged_failure_is_reported_as_the_backend_reads_it(tmp_path):
     driver, backend = untagged_driver(tmp_path, [])
     (instance,) = backend.instances

@@ -320,6 +320,8 @@ class RunDriver:
         for instance in status.instances:
             if instance.state in (InstanceState.PREEMPTED, InstanceState.FAILED):
                 result = self._stored_result(instance.instance_id)
+                if instance.state is InstanceState.PREEMPTED and _killed_by_signal(result):
+                    result = ""  # a command the preemption's shutdown signalled before the script saw the stop
                 if result and f"result={result}" not in instance.detail:  # the backend's detail names a tagged one
                     state = InstanceState.FINISHED if result == "done" else InstanceState.FAILED
                     detail = f"{instance.detail}, result={result} stored beside its log; {UNTAGGED_RESULT}"
@@ -402,6 +404,13 @@ class RunDriver:
     def slot_at(self, now: datetime) -> int:
         """The slot in force at ``now`` on the run's clock."""
         return max(int(math.floor(self.run.hours_at(now) / self.run.config.job.slot_hours + SLOT_EPSILON)), 0)
+
+
+def _killed_by_signal(result: str) -> bool:
+    """Whether a stored ``failed-<code>`` is a command ended by a signal (code 128 + n), as the
+    shutdown of a preempted instance can end one that does not exit 75 on SIGTERM."""
+    code = result.removeprefix("failed-")
+    return result.startswith("failed-") and code.isdigit() and int(code) > 128
 
 
 def _released(status: JobStatus) -> bool:
