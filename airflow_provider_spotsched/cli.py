@@ -315,9 +315,10 @@ checkpoint URI when it started, so an edit of the file since would be silently i
 
 
 def _absolute(location: str) -> str:
-    """A local path as the absolute path it names from here (a URI such as ``s3://...`` as given): a
-    re-run from another directory that names the same file matches, one whose relative path now
-    names another file does not."""
+    """A local path (or ``file://`` URI) as the absolute path it names from here (a URI such as
+    ``s3://...`` as given): a re-run from another directory that names the same file matches, one
+    whose relative path now names another file does not."""
+    location = location.removeprefix("file://")
     return location if "://" in location else str(Path(location).expanduser().resolve())
 
 

@@ -225,6 +225,8 @@ def test_a_rerun_compares_paths_by_the_file_they_name_not_as_typed(tmp_path, cap
     same = with_flag(with_flag(args, "--trace", str(tmp_path / GCP_TRACE.name)), "--checkpoint-uri", "../checkpoint")
     assert main(same) == 0
     assert "re-attaching to job small-job" in capsys.readouterr().out
+    assert main(with_flag(same, "--checkpoint-uri", f"file://{tmp_path / 'checkpoint'}")) == 0  # a file:// URI of it too
+    assert "re-attaching to job small-job" in capsys.readouterr().out
 
     assert main(with_flag(args, "--checkpoint-uri", "../checkpoint")) == 2  # --trace now names elsewhere's copy
     err = capsys.readouterr().err
