@@ -44,7 +44,7 @@ class MarketFeed(ABC):
         """Spot prices and available counts of ``pools`` (in that order) at the start of ``slot``."""
 
 
-def check_history_hours(slot_hours: float, history_hours: float) -> None:
+def check_feed_history(slot_hours: float, history_hours: float) -> None:
     """Refuse a live feed's slots that read less than one slot of history (callers that build the
     feed later, in the triggerer, check it when they are built)."""
     if not slot_hours > 0 or not history_hours >= slot_hours:
@@ -58,7 +58,7 @@ class LiveMarketFeed(MarketFeed):
     """A live :class:`MarketSource` cut into slots, the last one starting at wall-clock ``now``."""
 
     def __init__(self, source: MarketSource, slot_hours: float = 1.0, history_hours: float = 48.0) -> None:
-        check_history_hours(slot_hours, history_hours)
+        check_feed_history(slot_hours, history_hours)
         self.source, self.slot_hours, self.history_hours = source, float(slot_hours), float(history_hours)
 
     def history(self, now: datetime, pools: Sequence[str] | None = None) -> SlotMarket:

@@ -23,7 +23,7 @@ from airflow.sdk.exceptions import AirflowSkipException, AirflowTaskTimeout
 
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
 from airflow_provider_spotsched.hooks.rendered import rendered_job, rendered_number
-from airflow_provider_spotsched.market.feed import check_history_hours
+from airflow_provider_spotsched.market.feed import check_feed_history
 from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
 from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions, check_live_forecaster
@@ -100,7 +100,7 @@ class SpotMarketSensor(BaseSensorOperator):
         self.hours_ahead, self.forecaster = hours_ahead, forecaster
         self.job, self.policy, self.policy_params = job, policy, policy_params
         self.slot_hours, self.history_hours = float(slot_hours), float(history_hours)
-        check_history_hours(self.slot_hours, self.history_hours)  # when the DAG is parsed
+        check_feed_history(self.slot_hours, self.history_hours)  # when the DAG is parsed
         self.market_start, self.seconds_per_slot = market_start, seconds_per_slot
         self.deferrable = deferrable
 

@@ -12,10 +12,10 @@ starting on when any condition of :class:`StartConditions` holds, checked cheape
 
 At ``timeout_at`` it does not fail: it fires ``reason="timeout"`` with ``fallback="on-demand"``
 so the downstream task starts on on-demand. A failed observation (a throttled or dropped call to
-the market source) is logged and retried at the next poll (but a source that refuses its input
-before it ever answered is misconfigured and fails at once: :func:`misconfigured`); only ``OBSERVE_FAILURES_TO_FAIL`` in a
-row fail the wait, with the last error, since by then it is no blip but a source that is down or
-misconfigured. Every argument is plain data and the instants are
+the market source) is logged and retried at the next poll; ``OBSERVE_FAILURES_TO_FAIL`` in a row
+fail the wait with the last error (a source that is down), and so does at once a source that
+refuses its input before it ever answered (misconfigured: :func:`misconfigured`). Every argument
+is plain data and the instants are
 absolute ISO strings (the timeout, the replay clock's origin), so a triggerer that restarts
 rebuilds the trigger from :meth:`SpotMarketTrigger.serialize` and waits for the same instant.
 """
@@ -34,7 +34,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_spotsched.forecast import LIVE_FORECASTERS, make_forecaster
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
-from airflow_provider_spotsched.market.feed import LiveMarketFeed, NoMarketData, check_history_hours
+from airflow_provider_spotsched.market.feed import LiveMarketFeed, NoMarketData, check_feed_history
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
 from airflow_provider_spotsched.scheduling.model import Job
@@ -173,7 +173,7 @@ class SpotMarketTrigger(BaseTrigger):
         self.replay = dict(replay) if replay else None
         if self.replay is not None:
             ReplayClock.from_dict(self.replay)
-        check_history_hours(self.slot_hours, self.history_hours)  # before the task defers, not in run()
+        check_feed_history(self.slot_hours, self.history_hours)  # before the task defers, not in run()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
