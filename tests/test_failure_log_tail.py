@@ -175,11 +175,13 @@ def test_a_preempted_instance_whose_command_the_shutdown_signalled_stays_a_preem
     assert isinstance(wait, Wait) and wait.known_preemptions == 1
 
 
-def test_a_tagged_failure_is_reported_as_the_backend_reads_it(tmp_path):
-    driver, backend = untagged_driver(tmp_path, [])
+def test_a_tagged_failure_is_reported_as_the_backend_reads_it_without_reading_the_store(tmp_path):
+    opened: list[str] = []
+    driver, backend = untagged_driver(tmp_path, opened)
     (instance,) = backend.instances
     backend.instances = [replace(instance, state=InstanceState.FAILED, detail="terminated, result=failed-2")]
-    store(driver, instance.instance_id, RESULT_FILE, "failed-2\n")
+    result = store(driver, instance.instance_id, RESULT_FILE, "failed-2\n")
 
     with pytest.raises(TrainingFailedError, match=r"\): terminated, result=failed-2$"):
         driver.step()
+    assert result not in opened

@@ -318,11 +318,12 @@ class RunDriver:
         its tag or label lacks one (module docstring); each instance is looked up once."""
         instances = []
         for instance in status.instances:
-            if instance.state in (InstanceState.PREEMPTED, InstanceState.FAILED):
+            # the backends' detail names a result the instance tagged itself with: that one counts, unread
+            if instance.state in (InstanceState.PREEMPTED, InstanceState.FAILED) and "result=" not in instance.detail:
                 result = self._stored_result(instance.instance_id)
                 if instance.state is InstanceState.PREEMPTED and _killed_by_signal(result):
                     result = ""  # a command the preemption's shutdown signalled before the script saw the stop
-                if result and f"result={result}" not in instance.detail:  # the backend's detail names a tagged one
+                if result:
                     state = InstanceState.FINISHED if result == "done" else InstanceState.FAILED
                     detail = f"{instance.detail}, result={result} stored beside its log; {UNTAGGED_RESULT}"
                     instance = replace(instance, state=state, detail=detail)
