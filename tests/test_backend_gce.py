@@ -62,7 +62,8 @@ class FakeComputeEngine:
     maps the name to True. An insert of a name in ``refused`` answers that HTTP error. With
     ``slow_inserts`` an insert answers a RUNNING operation and the VM appears (can be listed) only
     once the operation is polled, as a VM still being created is not listed yet; the operations in
-    ``stalled`` never finish.
+    ``stalled`` never finish. With ``slow_updates`` a delete or setMetadata answers a RUNNING
+    operation that is done once polled.
     """
 
     def __init__(self) -> None:
@@ -75,6 +76,8 @@ class FakeComputeEngine:
         self.slow_inserts = False
         self.stalled: set[str] = set()  # insert operations (by name) that stay RUNNING however often polled
         self.creating: dict[str, tuple[tuple[str, str], dict[str, Any], dict[str, Any]]] = {}  # operation -> VM
+        self.slow_updates = False
+        self.updating: dict[str, dict[str, Any]] = {}  # name -> the done operation of a slow delete or setMetadata
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.lock = threading.Lock()
         self.addresses = iter(range(2, 250))
@@ -106,6 +109,8 @@ class FakeComputeEngine:
                 key, instance, operation = self.creating.pop(target[0])
                 self.instances[key] = instance
                 return 200, operation
+            if kind == "operations" and target and target[0] in self.updating:
+                return 200, self.updating.pop(target[0])
             if kind == "operations":
                 wanted = re.search(r'operationType = "([^"]+)"', query.get("filter", [""])[0])
                 operations = self.operations.get(zone, [])
@@ -124,13 +129,13 @@ class FakeComputeEngine:
                     return 200, failed  # the VM stays, and bills
                 if self.instances.pop((zone, target[0]), None) is None:
                     return 404, recorded("error_not_found.json")
-                return 200, self.operation(zone, target[0], "delete")
+                return 200, self.update(self.operation(zone, target[0], "delete"))
             if method == "POST" and target[1:] == ["setMetadata"]:
                 instance = self.instances[(zone, target[0])]
                 if body.get("fingerprint") != instance["metadata"]["fingerprint"]:
                     return 412, {"error": {"code": 412, "message": "Supplied fingerprint does not match the metadata."}}
                 instance["metadata"] = {**body, "fingerprint": f"fp-{len(self.requests)}", "kind": "compute#metadata"}
-                return 200, self.operation(zone, target[0], "setMetadata")
+                return 200, self.update(self.operation(zone, target[0], "setMetadata"))
         return 400, {"error": {"code": 400, "message": f"unexpected {method} {url}"}}
 
     def list(self, zone: str, query: dict[str, list[str]]) -> dict[str, Any]:
@@ -177,6 +182,14 @@ class FakeComputeEngine:
             if self.racing[name]:
                 operation.update(httpErrorStatusCode=409, httpErrorMessage="CONFLICT")
         return 200, operation
+
+    def update(self, operation: dict[str, Any]) -> dict[str, Any]:
+        """``operation`` as answered: done, or with ``slow_updates`` running until it is polled."""
+        if not self.slow_updates:
+            return operation
+        name = f"operation-{operation['operationType']}-{len(self.requests)}"
+        self.updating[name] = {**operation, "name": name}
+        return {**operation, "name": name, "status": "RUNNING", "progress": 0}
 
     @staticmethod
     def operation(zone: str, name: str, kind: str) -> dict[str, Any]:
@@ -236,11 +249,6 @@ def make_backend(gce: FakeComputeEngine, **overrides: Any) -> GceBackend:
         "clock": lambda: CREATED + timedelta(minutes=1),  # the fake's VMs stay PROVISIONING: a minute old
     }
     client = compute_v1.InstancesClient(transport="rest", client_options=options, credentials=AnonymousCredentials())
-    # the client polls an insert's operation through a zone-operations client of its own, built for
-    # the default endpoint whatever the client options say: point it at the fake
-    client._transport._extended_operations_services["zone_operations"] = compute_v1.ZoneOperationsClient(
-        transport="rest", client_options=options, credentials=AnonymousCredentials()
-    )
     return GceBackend(client, **(params | overrides))
 
 
@@ -343,6 +351,19 @@ def test_an_insert_refused_for_good_raises_only_after_the_accepted_ones_exist_so
     assert [n for _, n in gce.instances] == [f"{name_prefix(JOB.job_id)}-g1-p0-0"] and not gce.creating
     backend.release(JOB)
     assert gce.instances == {}
+
+
+def test_every_operation_is_awaited_at_the_endpoint_of_the_client_options(gce):
+    # an InstancesClient awaits its operations through a zone-operations client of its own, built for
+    # the default endpoint whatever its client options say; a private endpoint (VPC Service Controls,
+    # Private Google Access) must be where every insert, setMetadata and delete is awaited
+    gce.slow_inserts = gce.slow_updates = True
+    backend = make_backend(gce)
+    backend.reconcile(JOB, Allocation((2, 0), 0))
+    backend.release(JOB)
+    polled = [path.rsplit("/", 1)[-1].split("-")[1] for path in gce.calls("GET") if "/operations/" in path]
+    assert sorted(polled) == ["delete", "delete", "insert", "insert", "setMetadata", "setMetadata"]  # all at the fake
+    assert gce.instances == {} and not gce.creating and not gce.updating
 
 
 def test_an_insert_not_done_in_time_is_a_clear_error_after_the_others_are_awaited(gce, monkeypatch):

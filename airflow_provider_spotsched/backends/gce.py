@@ -18,16 +18,22 @@ rank 0 and its IP the master address.
 Results and preemptions: the VM labels itself ``spotsched-result=done`` (or ``failed-<code>``)
 and powers off when the training command ends. A preemption leaves a zone operation of type
 ``compute.instances.preempted`` naming the VM, even after the VM deleted itself; ``status`` lists
-those (when given a ``ZoneOperationsClient``), so preemptions stay visible to a restarted caller.
+those, so preemptions stay visible to a restarted caller.
 GCE lists a VM it is taking back as ``STOPPING`` before that operation shows: a spot VM
 ``STOPPING`` or ``TERMINATED`` without a result label, not deleted by this backend, is preempted
 already (the same name, so the operation that shows later does not count it twice).
 A VM this backend object saw and that vanished without a delete from it counts as preempted
 too when it was spot (failed when standard).
+
+Operations (insert, delete, set_metadata) are awaited through the backend's own
+``ZoneOperationsClient``: the one an ``InstancesClient`` polls through otherwise is built for the
+default endpoint whatever the client's ``client_options`` say, so a private or regional
+``api_endpoint`` (VPC Service Controls, Private Google Access) would not be honoured.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from google.api_core.exceptions import Conflict, GoogleAPICallError
+from google.api_core.extended_operation import ExtendedOperation
 from google.cloud import compute_v1
 
 from airflow_provider_spotsched.backends.base import (
@@ -127,6 +134,18 @@ class _Vm:
         return None
 
 
+class _ZoneOperation(ExtendedOperation):
+    """A Compute Engine zone operation as a future: ``result`` raises the HTTP error it ended with."""
+
+    @property
+    def error_code(self) -> int:
+        return self.http_error_status_code
+
+    @property
+    def error_message(self) -> str:
+        return self.http_error_message
+
+
 class GceBackend(CloudBackend[_Vm, str]):
     """Runs a job on Compute Engine through an ``InstancesClient`` (the Google provider's client).
 
@@ -137,6 +156,8 @@ class GceBackend(CloudBackend[_Vm, str]):
     result; no credential goes in the metadata. ``pending_timeout_s``: how long a VM may stay
     ``PROVISIONING`` or ``STAGING`` after its creation before a reconcile deletes it and reports
     its pool short (:mod:`.cloud`); ``clock`` is what that wait is measured against.
+    ``zone_operations_client`` must have the credentials and ``client_options`` (endpoint) of
+    ``instances_client``: every operation is awaited through it, and it lists preemptions.
     """
 
     name = "gce"
@@ -159,7 +180,7 @@ class GceBackend(CloudBackend[_Vm, str]):
         disk_size_gb: int = 100,
         master_port: int = 29500,
         poll_seconds: int = 10,
-        zone_operations_client: compute_v1.ZoneOperationsClient | None = None,
+        zone_operations_client: compute_v1.ZoneOperationsClient,
         recorder: LaunchRecorder | None = None,
         pending_timeout_s: float = DEFAULT_PENDING_TIMEOUT_S,
         clock: Callable[[], datetime] = utc_now,
@@ -231,8 +252,6 @@ class GceBackend(CloudBackend[_Vm, str]):
 
     def _preempted(self, job: TrainingJob) -> dict[str, str]:
         """Names of the job's VMs with a preemption operation, and when it happened."""
-        if self.operations is None:
-            return {}
         prefix = name_prefix(job.job_id) + "-"
         found = {}
         for zone in self._all_zones():
@@ -319,7 +338,8 @@ class GceBackend(CloudBackend[_Vm, str]):
         for vm in vms:
             self._seen.setdefault(vm.name, (vm.pool_tag, vm.labels.get(LABEL_CAPACITY, "")))
             try:
-                pending.append((vm, self.instances.delete(project=self.project, zone=vm.zone, instance=vm.name)))
+                accepted = self.instances.delete_unary(project=self.project, zone=vm.zone, instance=vm.name)
+                pending.append((vm, self._awaitable(vm.zone, accepted)))
             except GoogleAPICallError as exc:
                 if getattr(exc, "code", None) == 404:  # already gone is what we wanted
                     self._deleted.add(vm.name)
@@ -355,8 +375,8 @@ class GceBackend(CloudBackend[_Vm, str]):
         for name in (f"{name_prefix(job.job_id)}-g{generation}-{tag}-{index}" for index in range(count)):
             body = self._instance(job, name, zone, tag, generation, script)
             try:
-                operation = self.instances.insert(project=self.project, zone=zone, instance_resource=body)
-                pending.append((name, operation))
+                accepted = self.instances.insert_unary(project=self.project, zone=zone, instance_resource=body)
+                pending.append((name, self._awaitable(zone, accepted)))
             except Conflict:
                 launched.append(name)  # a retried insert: the VM exists already
             except GoogleAPICallError as exc:
@@ -388,6 +408,12 @@ class GceBackend(CloudBackend[_Vm, str]):
         if failure is not None:
             raise failure
         return launched, next((r for r in reversed(reasons) if isinstance(r, str)), "")
+
+    def _awaitable(self, zone: str, operation: compute_v1.Operation) -> _ZoneOperation:
+        """``operation`` as a future polled through ``self.operations``, the client with the connection's endpoint."""
+        request = compute_v1.GetZoneOperationRequest(project=self.project, zone=zone, operation=operation.name)
+        cancel = lambda: None  # noqa: E731 (zone operations cannot be cancelled)
+        return _ZoneOperation.make(functools.partial(self.operations.get, request), cancel, operation)
 
     def _with_launched(self, job: TrainingJob, vms: list[_Vm], launched: list[str]) -> list[_Vm]:
         return self._list(job) if launched else vms  # the new VMs' addresses and metadata fingerprints
@@ -475,11 +501,10 @@ class GceBackend(CloudBackend[_Vm, str]):
             items = [i for i in vm.metadata.items if not i.key.startswith(ATTRIBUTE_PREFIX)]
             items += [compute_v1.Items(key=ATTRIBUTE_PREFIX + k, value=v) for k, v in values.items()]
             metadata = compute_v1.Metadata(fingerprint=vm.metadata.fingerprint, items=items)
-            operations.append(
-                self.instances.set_metadata(
-                    project=self.project, zone=vm.zone, instance=vm.name, metadata_resource=metadata
-                )
+            accepted = self.instances.set_metadata_unary(
+                project=self.project, zone=vm.zone, instance=vm.name, metadata_resource=metadata
             )
+            operations.append(self._awaitable(vm.zone, accepted))
         for operation in operations:
             operation.result(timeout=_OPERATION_TIMEOUT_S)
         log.info("rendezvous generation %s: %d worker(s), master %s", generation, len(ordered), ordered[0].ip)

@@ -41,8 +41,10 @@ class Ec2ComputeHook(EC2Hook):
 class GceComputeHook(ComputeEngineHook):
     """A :class:`GceBackend` on the Compute Engine clients of a ``google_cloud_platform`` connection.
 
-    ``project`` defaults to the connection's project. The zone-operations client lets ``status``
-    see preemptions of spot VMs that already deleted themselves.
+    ``project`` defaults to the connection's project. The zone-operations client has the
+    credentials and client options of the instances client: every insert, delete and metadata
+    update is awaited through it, and ``status`` lists through it the preemptions of spot VMs that
+    already deleted themselves.
     """
 
     def __init__(self, gcp_conn_id: str = "google_cloud_default", **kwargs: Any) -> None:
