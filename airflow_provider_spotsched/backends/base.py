@@ -131,7 +131,7 @@ class InstanceStatus:
     """One instance of the job: its provider id, its pool (or :data:`ON_DEMAND`) and its state.
 
     ``inferred`` marks a ``PREEMPTED`` the backend reads from an instance that ended without a
-    result (a Compute Engine spot VM stopping before its preemption operation shows), which a
+    result (a Compute Engine spot VM stopping, or gone, before its preemption operation shows), which a
     command that failed on an instance unable to tag itself looks like too; any other
     ``PREEMPTED`` is the cloud's own report, which a ``failed-<code>`` the command left as the
     shutdown ended it does not override.

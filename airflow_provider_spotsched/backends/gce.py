@@ -269,7 +269,7 @@ class GceBackend(CloudBackend[_Vm, str]):
             else:
                 state = InstanceState.PREEMPTED if capacity == "spot" else InstanceState.FAILED
                 detail = "vanished without a delete from spotsched"
-                statuses.append(InstanceStatus(name, self._pool(job, tag), state, detail))
+                statuses.append(InstanceStatus(name, self._pool(job, tag), state, detail, inferred=capacity == "spot"))
         return JobStatus(job.job_id, tuple(statuses))
 
     def _live(self, vm: _Vm) -> bool:
