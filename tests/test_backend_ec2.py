@@ -27,7 +27,7 @@ from airflow_provider_spotsched.backends.base import (
     TrainingJob,
 )
 from airflow_provider_spotsched.backends.bootstrap import HF_TOKEN_SECRET
-from airflow_provider_spotsched.backends.ec2 import RENDEZVOUS_PAUSES_S, Ec2Backend, Ec2Placement
+from airflow_provider_spotsched.backends.ec2 import RENDEZVOUS_PAUSES_S, SPOT_PREEMPTION_REASON, Ec2Backend, Ec2Placement
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.scheduling.model import Allocation
 from tests.moto_server import FAKE_CREDENTIALS, moto_endpoint  # noqa: F401 (a fixture)
@@ -48,7 +48,8 @@ class RecordingClient:
     ``unknown_to_all`` names ids that ``create_tags`` and ``terminate_instances`` never find; a
     failed call changes nothing, as on EC2. ``stuck_pending`` names instances that
     ``describe_instances`` shows ``pending`` while moto runs them (an AZ that accepted the launch
-    but has no host to start it on).
+    but has no host to start it on). ``interrupted`` names instances that ``describe_instances``
+    shows with the spot interruption's ``StateReason`` (moto has no interruptions).
     """
 
     def __init__(
@@ -65,6 +66,7 @@ class RecordingClient:
         self.unknown_to_all: set[str] = set()
         self.no_address_at_launch = False
         self.stuck_pending: set[str] = set()
+        self.interrupted: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -83,7 +85,7 @@ class RecordingClient:
 
     def get_paginator(self, name: str) -> Any:
         paginator = self._client.get_paginator(name)
-        stuck = self.stuck_pending
+        stuck, interrupted = self.stuck_pending, self.interrupted
 
         class StuckPending:
             def paginate(self, **params: Any) -> Iterator[dict[str, Any]]:
@@ -92,6 +94,8 @@ class RecordingClient:
                         for instance in reservation["Instances"]:
                             if instance["InstanceId"] in stuck and instance["State"]["Name"] == "running":
                                 instance["State"] = {"Code": 0, "Name": "pending"}
+                            if instance["InstanceId"] in interrupted:
+                                instance["StateReason"] = {"Code": SPOT_PREEMPTION_REASON, "Message": "Spot interruption"}
                     yield page
 
         return StuckPending() if name == "describe_instances" else paginator
@@ -385,6 +389,22 @@ def test_an_instance_terminated_from_outside_is_a_preemption_and_is_replaced(cli
     assert after.active(POOLS) == Allocation((2, 0), 0) and after.preemptions == 1
     assert len(client.launches) == 3
     assert {i["TagMap"]["spotsched:world-size"] for i in live(ec2, job).values()} == {"2"}
+
+
+def test_an_interrupted_spot_instance_that_tagged_a_failure_is_a_preemption_and_is_replaced(client, ec2, job):
+    # a custom torchrun command exits 1 on the interruption's SIGTERM and the script tags failed-1
+    backend = make_backend(client)
+    backend.reconcile(job, Allocation((2, 0), 0))
+    victim = sorted(live(ec2, job))[0]
+    ec2.create_tags(Resources=[victim], Tags=[{"Key": "spotsched:result", "Value": "failed-1"}])
+    ec2.terminate_instances(InstanceIds=[victim])
+    client.interrupted.add(victim)
+
+    taken = [i for i in backend.status(job).instances if i.instance_id == victim][0]
+    assert taken.state is InstanceState.PREEMPTED and "result=failed-1" in taken.detail
+    after = backend.reconcile(job, Allocation((2, 0), 0))
+    assert after.active(POOLS) == Allocation((2, 0), 0) and after.preemptions == 1 and not after.failed
+    assert len(client.launches) == 3
 
 
 def test_a_terminated_on_demand_instance_failed_and_a_result_tag_finishes_the_job(client, ec2, job):

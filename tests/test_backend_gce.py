@@ -431,14 +431,35 @@ def test_a_spot_vm_stopping_before_its_preemption_operation_is_listed_is_preempt
 
     status = backend.reconcile(JOB, Allocation((2, 0), 0))
     taken = [i for i in status.instances if i.instance_id == victim]
-    assert taken[0].state is InstanceState.PREEMPTED and "not listed yet" in taken[0].detail
+    assert taken[0].state is InstanceState.PREEMPTED and "not listed yet" in taken[0].detail and taken[0].inferred
     assert not status.failed and status.preemptions == 1
     assert status.active(POOLS) == Allocation((2, 0), 0) and len(gce.inserts()) == 3  # replaced
 
     gce.preempt("us-central1-a", victim)  # the VM deleted itself and its operation shows
     after = backend.status(JOB)
-    assert [i.state for i in after.instances if i.instance_id == victim] == [InstanceState.PREEMPTED]
+    assert [(i.state, i.inferred) for i in after.instances if i.instance_id == victim] == [(InstanceState.PREEMPTED, False)]
     assert after.preemptions == 1 and not after.failed
+
+
+def test_a_preempted_spot_vm_that_labelled_a_failure_is_a_preemption_but_one_without_its_operation_failed(gce):
+    # a custom torchrun command exits 1 on the preemption's SIGTERM and the script labels failed-1;
+    # a VM without a preemption operation labelled its own failure
+    backend = make_backend(gce)
+    backend.reconcile(JOB, Allocation((2, 0), 0))
+    victim, failing = sorted(name for zone, name in gce.instances)
+    for name in (victim, failing):
+        vm = gce.instances[("us-central1-a", name)]
+        vm.update(status="STOPPING", labels={**vm["labels"], "spotsched-result": "failed-1"})
+    stopping = gce.instances[("us-central1-a", victim)]
+    gce.preempt("us-central1-a", victim)
+    gce.instances[("us-central1-a", victim)] = stopping  # still listed while its operation shows
+
+    status = backend.status(JOB)
+    states = {i.instance_id: (i.state, i.inferred) for i in status.instances}
+    assert states == {victim: (InstanceState.PREEMPTED, False), failing: (InstanceState.FAILED, False)}
+    taken = [i for i in status.instances if i.instance_id == victim][0]
+    assert "preempted at" in taken.detail and "result=failed-1" in taken.detail
+    assert status.preemptions == 1
 
 
 def test_a_spot_vm_terminated_without_a_result_is_preempted_and_release_still_deletes_it(gce):

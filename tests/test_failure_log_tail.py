@@ -117,7 +117,7 @@ def test_a_spot_instance_that_could_not_label_its_failure_fails_the_run_from_the
     opened: list[str] = []
     driver, backend = untagged_driver(tmp_path, opened)
     (launched,) = backend.instances
-    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail=UNLABELLED)  # a spot VM
+    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail=UNLABELLED, inferred=True)  # a spot VM
     backend.instances = [instance]
     store(driver, instance.instance_id, LOG_FILE, LOG)
     result = store(driver, instance.instance_id, RESULT_FILE, "failed-1\n")
@@ -149,7 +149,7 @@ def test_a_preemption_with_no_stored_result_stays_a_preemption_and_its_store_is_
     opened: list[str] = []
     driver, backend = untagged_driver(tmp_path, opened)
     (launched,) = backend.instances
-    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail=UNLABELLED)  # a spot VM
+    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail=UNLABELLED, inferred=True)  # a spot VM
     backend.instances = [instance]
     result = log_uri(driver.training.checkpoint_uri, instance.instance_id, RESULT_FILE)
 
@@ -167,12 +167,36 @@ def test_a_preempted_instance_whose_command_the_shutdown_signalled_stays_a_preem
     # script can store that before its own stop: the VM is gone, the job resumes elsewhere
     driver, backend = untagged_driver(tmp_path, [])
     (launched,) = backend.instances
-    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail=UNLABELLED)
+    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail=UNLABELLED, inferred=True)
     backend.instances = [instance]
     store(driver, instance.instance_id, RESULT_FILE, "failed-143\n")
 
     wait = driver.step()
     assert isinstance(wait, Wait) and wait.known_preemptions == 1
+
+
+def test_a_preemption_the_cloud_reported_stays_one_whatever_code_its_command_stored(tmp_path):
+    # a custom torchrun command exits 1 on the preemption's SIGTERM and the script stores failed-1
+    # before its own stop; GCE lists the preemption's operation: the job resumes elsewhere
+    driver, backend = untagged_driver(tmp_path, [])
+    (launched,) = backend.instances
+    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail="preempted at 2026-01-12T03:00:00Z")
+    backend.instances = [instance]
+    store(driver, instance.instance_id, RESULT_FILE, "failed-1\n")
+
+    wait = driver.step()
+    assert isinstance(wait, Wait) and wait.known_preemptions == 1 and wait.known_failures == 0
+
+
+def test_a_preemption_the_cloud_reported_still_finishes_the_run_when_its_command_stored_done(tmp_path):
+    # the work is done: a preemption during the exit does not undo it
+    driver, backend = untagged_driver(tmp_path, [])
+    (launched,) = backend.instances
+    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail="preempted at 2026-01-12T03:00:00Z")
+    backend.instances = [instance]
+    store(driver, instance.instance_id, RESULT_FILE, "done\n")
+
+    assert isinstance(driver.step(), Finished)
 
 
 def test_a_tagged_failure_is_reported_as_the_backend_reads_it_without_reading_the_store(tmp_path):

@@ -128,12 +128,20 @@ class TrainingJob:
 
 @dataclass(frozen=True)
 class InstanceStatus:
-    """One instance of the job: its provider id, its pool (or :data:`ON_DEMAND`) and its state."""
+    """One instance of the job: its provider id, its pool (or :data:`ON_DEMAND`) and its state.
+
+    ``inferred`` marks a ``PREEMPTED`` the backend reads from an instance that ended without a
+    result (a Compute Engine spot VM stopping, or gone, before its preemption operation shows), which a
+    command that failed on an instance unable to tag itself looks like too; any other
+    ``PREEMPTED`` is the cloud's own report, which a ``failed-<code>`` the command left as the
+    shutdown ended it does not override.
+    """
 
     instance_id: str
     pool: str
     state: InstanceState
     detail: str = ""
+    inferred: bool = False
 
     @property
     def spot(self) -> bool:

@@ -32,6 +32,8 @@ Results and preemptions: the instance tags itself ``spotsched:result=done`` (or
 backend tags it ``spotsched:released=true``; a terminated spot instance without that tag and
 without a result was taken back by AWS (``Server.SpotInstanceTermination``, or terminated from
 outside) and counts as preempted. A terminated on-demand instance without either tag failed.
+An interrupted instance (``Server.SpotInstanceTermination``) is preempted even when it tagged
+``failed-<code>``: the interruption's shutdown ended a command that does not exit 75 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -510,6 +512,8 @@ def _state(instance: _Instance) -> InstanceState:
     result = instance.tags.get(TAG_RESULT, "")
     if result == "done":
         return InstanceState.FINISHED
+    if result and instance.state_reason == SPOT_PREEMPTION_REASON:
+        return InstanceState.PREEMPTED  # the interruption's shutdown ended the command (torchrun exits 1 on SIGTERM)
     if result:
         return InstanceState.FAILED
     if instance.tags.get(TAG_RELEASED) == "true":

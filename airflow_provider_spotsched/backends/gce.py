@@ -23,7 +23,11 @@ GCE lists a VM it is taking back as ``STOPPING`` before that operation shows: a 
 ``STOPPING`` or ``TERMINATED`` without a result label, not deleted by this backend, is preempted
 already (the same name, so the operation that shows later does not count it twice).
 A VM this backend object saw and that vanished without a delete from it counts as preempted
-too when it was spot (failed when standard).
+too when it was spot (failed when standard). A VM with a preemption operation is preempted even
+when it labelled itself ``failed-<code>``: the preemption's shutdown ended a command that does not
+exit 75 on SIGTERM. One read as preempted only for stopping or vanishing without a result is marked
+``inferred``: its operation is not listed yet, and a failed command whose VM may not label itself
+looks the same (the run driver reads its stored result).
 
 Operations (insert, delete, set_metadata) are awaited through the backend's own
 ``ZoneOperationsClient``: the one an ``InstancesClient`` polls through otherwise is built for the
@@ -267,10 +271,11 @@ class GceBackend(CloudBackend[_Vm, str]):
     def _status(self, job: TrainingJob, vms: list[_Vm]) -> JobStatus:
         preempted = self._preempted(job)
         listed = {vm.name for vm in vms}
-        statuses = [
-            InstanceStatus(vm.name, self._pool(job, vm.pool_tag), *self._state(vm, preempted))
-            for vm in sorted(vms, key=self._oldest_first)
-        ]
+        statuses = []
+        for vm in sorted(vms, key=self._oldest_first):
+            state, detail = self._state(vm, preempted)
+            inferred = state is InstanceState.PREEMPTED and vm.name not in preempted  # stopped, no operation yet
+            statuses.append(InstanceStatus(vm.name, self._pool(job, vm.pool_tag), state, detail, inferred))
         for name, when in sorted(preempted.items()):
             if name not in listed:
                 pool = self._pool(job, _pool_tag_of(name))
@@ -283,7 +288,7 @@ class GceBackend(CloudBackend[_Vm, str]):
             else:
                 state = InstanceState.PREEMPTED if capacity == "spot" else InstanceState.FAILED
                 detail = "vanished without a delete from spotsched"
-                statuses.append(InstanceStatus(name, self._pool(job, tag), state, detail))
+                statuses.append(InstanceStatus(name, self._pool(job, tag), state, detail, inferred=capacity == "spot"))
         return JobStatus(job.job_id, tuple(statuses))
 
     def _live(self, vm: _Vm) -> bool:
@@ -314,6 +319,9 @@ class GceBackend(CloudBackend[_Vm, str]):
         result = vm.labels.get(LABEL_RESULT, "")
         if result == "done":
             return InstanceState.FINISHED, f"{vm.status}, result=done"
+        if result and vm.name in preempted:
+            # the preemption's shutdown ended the command (torchrun exits 1 on SIGTERM): the work resumes elsewhere
+            return InstanceState.PREEMPTED, f"{vm.status}, preempted at {preempted[vm.name]}, result={result}"
         if result:
             return InstanceState.FAILED, f"{vm.status}, result={result}"
         if vm.name in self._deleted:

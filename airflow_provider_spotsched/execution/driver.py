@@ -40,7 +40,10 @@ The rules a caller must not have to know:
   (:func:`~airflow_provider_spotsched.runtime.contract.read_result`) decides: ``done`` finishes the
   run, ``failed-<code>`` fails it, none leaves the backend's reading. It is read once per such
   instance (the answers are kept in the state), so a failing command is not relaunched slot after
-  slot until the deadline;
+  slot until the deadline. A preemption the cloud reported stays one whatever ``failed-<code>``
+  the command left as the shutdown ended it (torchrun exits 1 on SIGTERM); one the backend only
+  infers (:attr:`~airflow_provider_spotsched.backends.base.InstanceStatus.inferred`) stays one for
+  a signal's code (above 128) alone;
 - any exception releases every instance of the job (checkpoints stay).
 """
 
@@ -321,8 +324,10 @@ class RunDriver:
             # the backends' detail names a result the instance tagged itself with: that one counts, unread
             if instance.state in (InstanceState.PREEMPTED, InstanceState.FAILED) and "result=" not in instance.detail:
                 result = self._stored_result(instance.instance_id)
-                if instance.state is InstanceState.PREEMPTED and _killed_by_signal(result):
-                    result = ""  # a command the preemption's shutdown signalled before the script saw the stop
+                if instance.state is InstanceState.PREEMPTED and result != "done" and (
+                    not instance.inferred or _killed_by_signal(result)
+                ):
+                    result = ""  # the preemption's shutdown ended the command before the script saw the stop
                 if result:
                     state = InstanceState.FINISHED if result == "done" else InstanceState.FAILED
                     detail = f"{instance.detail}, result={result} stored beside its log; {UNTAGGED_RESULT}"
@@ -409,7 +414,8 @@ class RunDriver:
 
 def _killed_by_signal(result: str) -> bool:
     """Whether a stored ``failed-<code>`` is a command ended by a signal (code 128 + n), as the
-    shutdown of a preempted instance can end one that does not exit 75 on SIGTERM."""
+    shutdown of a preempted instance can end one that does not exit 75 on SIGTERM: what tells a
+    preemption the backend only infers from a command that failed by itself."""
     code = result.removeprefix("failed-")
     return result.startswith("failed-") and code.isdigit() and int(code) > 128
 
