@@ -271,3 +271,68 @@ def test_a_token_in_place_of_a_secret_reference_is_refused_with_the_fix():
     job = TrainingJob("job-1", ("train",), "ckpt", ("a",), env={HF_TOKEN_SECRET: "AKIAABCDEFGHIJKLMNOP"})
     with pytest.raises(BackendError, match="looks like a credential"):
         startup_script(job, "aws")
+
+
+# What each cloud's metadata says about the instance being taken back: (status, body) per answer.
+RECLAIM_ANSWERS = {
+    "aws": {"preempted": (200, '{"action": "terminate", "time": "2024-01-01T00:02:00Z"}'), "not preempted": (404, "not found"),
+            "unreadable": (500, "error")},
+    "gcp": {"preempted": (200, "TRUE"), "not preempted": (200, "FALSE"), "unreadable": (500, "error")},
+}
+RENDEZVOUS = {"generation": "1", "rank": "0", "world-size": "1"}
+
+
+@pytest.mark.parametrize("answer", ["preempted", "not preempted", "unreadable"])
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_a_command_that_fails_while_the_cloud_takes_the_instance_back_reports_no_failure(tmp_path, provider, answer):
+    """torchrun exits 1 on the SIGTERM of a preemption, possibly before the script is stopped: with
+    the metadata saying the instance is being taken back, that is a preemption (no result, no power-off)."""
+    status, body = RECLAIM_ANSWERS[provider][answer]
+
+    class Metadata(QuietHandler):
+        def do_PUT(self) -> None:
+            self.reply(200, "imds-token")
+
+        def do_GET(self) -> None:
+            values = {
+                "/latest/meta-data/instance-id": (200, "i-0abc"),
+                "/latest/meta-data/placement/region": (200, "eu-west-1"),
+                "/latest/meta-data/spot/instance-action": (status, body),
+                "/computeMetadata/v1/instance/name": (200, INSTANCE),
+                "/computeMetadata/v1/instance/zone": (200, "projects/1/zones/us-central1-a"),
+                "/computeMetadata/v1/instance/preempted": (status, body),
+                **{f"/latest/meta-data/tags/instance/spotsched:{k}": (200, v) for k, v in RENDEZVOUS.items()},
+                **{f"/computeMetadata/v1/instance/attributes/spotsched-{k}": (200, v) for k, v in RENDEZVOUS.items()},
+            }
+            self.reply(*values.get(self.path, (404, "not found")))
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cli = "aws" if provider == "aws" else "gcloud"
+    stand_in(bin_dir, cli, f'#!/bin/bash\necho "$@" >> {tmp_path}/cli\n')
+    checkpoint = str(tmp_path / "ckpt")
+    with serving(Metadata) as url:
+        job = TrainingJob("job-1", ("bash", "-c", WORKER), checkpoint, ("a",), env=job_env(tmp_path, bin_dir, url, 1))
+        script = tmp_path / "startup.sh"
+        script.write_text(startup_script(job, provider, poll_seconds=1))  # type: ignore[arg-type]
+        process = subprocess.Popen(["bash", str(script)])
+        name = "i-0abc" if provider == "aws" else INSTANCE
+        try:
+            if answer == "preempted":
+                wait_for(lambda: "a preemption, not a failure" in (read_log_tail(checkpoint, name) or ""), "the uploaded log")
+                process.terminate()  # the preemption's shutdown
+            returncode = process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    if answer == "preempted":
+        assert returncode == 0
+        assert read_result(checkpoint, name) is None and not (tmp_path / "train.log.result").exists()
+        assert lines(tmp_path / "cli") == [] and not (tmp_path / "powered-off").exists()
+        assert "spotsched: the command exited 1 while the cloud takes this instance back" in (tmp_path / "train.log").read_text()
+    else:  # not preempted, or metadata that cannot be read: the failure, as before
+        assert returncode == 1 and (tmp_path / "powered-off").exists()
+        assert read_result(checkpoint, name) == "failed-1"
+        assert "failed-1" in lines(tmp_path / "cli")[-1]

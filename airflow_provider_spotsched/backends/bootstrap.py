@@ -15,8 +15,12 @@ other instances through c10d at ``MASTER_ADDR:MASTER_PORT``: the instances' secu
 firewall must let them reach each other on TCP). When the command exits 0 the job is done: the script records
 ``result=done`` on the instance (a tag or label, which the backend's ``status`` reads) and powers
 the instance off, so nothing keeps billing after success. Any other exit but 75 records
-``result=failed-<code>`` and powers off too. Before the tag or label, the result (the same text)
-is uploaded beside the log, to ``<checkpoint_uri>/logs/<instance>/result``
+``result=failed-<code>`` and powers off too, unless the instance's metadata says the cloud is taking
+it back (EC2 ``spot/instance-action``, Compute Engine ``instance/preempted``; read with a 3-second
+limit): a command that does not exit 75 on SIGTERM (a custom ``torchrun`` exits 1) may end that way
+before the shutdown stops the script, and that is a preemption, handled as 75 (a line in the log,
+no result). Metadata that cannot be read leaves the failure. Before the tag or label, the result
+(the same text) is uploaded beside the log, to ``<checkpoint_uri>/logs/<instance>/result``
 (:data:`~airflow_provider_spotsched.runtime.contract.RESULT_FILE`): an instance whose identity may
 not tag or label itself still leaves its result, which the run driver reads for an instance that
 ended without one (else a failing command on a spot instance would read as preempted, and be
@@ -96,13 +100,16 @@ SECRET_REFERENCES = {
 
 _AWS_FUNCTIONS = r"""
 IMDS=${SPOTSCHED_METADATA_URL:-http://169.254.169.254}
+# imds PATH [CURL_OPTION...]
 imds() {
   local token
-  token=$(curl -sf -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 300" "$IMDS/latest/api/token") || return 1
-  curl -sf -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/$1"
+  token=$(curl -sf "${@:2}" -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 300" "$IMDS/latest/api/token") || return 1
+  curl -sf "${@:2}" -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/$1"
 }
 rendezvous() { imds "tags/instance/spotsched:$1"; }
 instance_name() { imds instance-id; }
+# EC2 has scheduled this spot instance's interruption (404 until the 2-minute notice)
+reclaimed() { imds spot/instance-action --max-time 3 >/dev/null; }
 tag_result() {
   aws ec2 create-tags --region "$(imds placement/region)" --resources "$(imds instance-id)" \
     --tags "Key=spotsched:result,Value=$1" || echo "spotsched: could not tag the result $1" >&2
@@ -111,9 +118,12 @@ tag_result() {
 
 _GCP_FUNCTIONS = r"""
 MD=${SPOTSCHED_METADATA_URL:-http://metadata.google.internal}
-md() { curl -sf -H "Metadata-Flavor: Google" "$MD/computeMetadata/v1/instance/$1"; }
+# md PATH [CURL_OPTION...]
+md() { curl -sf "${@:2}" -H "Metadata-Flavor: Google" "$MD/computeMetadata/v1/instance/$1"; }
 rendezvous() { md "attributes/spotsched-$1"; }
 instance_name() { md name; }
+# Compute Engine is preempting this VM
+reclaimed() { [ "$(md preempted --max-time 3)" = TRUE ]; }
 tag_result() {
   local zone
   zone=$(md zone) && zone=${zone##*/}
@@ -220,7 +230,12 @@ while true; do
   if [ "$child" -ne 0 ] && ! kill -0 "$child" 2>/dev/null; then
     wait "$child"; rc=$?; child=0
     if [ "$rc" -eq 0 ]; then report done; $POWEROFF; exit 0; fi
-    if [ "$rc" -ne __EXIT_PREEMPTED__ ]; then report "failed-$rc"; $POWEROFF; exit "$rc"; fi
+    # A command that does not exit 75 on SIGTERM (torchrun exits 1) can end with another code as
+    # the cloud takes the instance back, before the shutdown stops the script: a preemption too.
+    if [ "$rc" -ne __EXIT_PREEMPTED__ ] && reclaimed; then
+      echo "spotsched: the command exited $rc while the cloud takes this instance back: a preemption, not a failure" >>"$LOG"
+      upload_log
+    elif [ "$rc" -ne __EXIT_PREEMPTED__ ]; then report "failed-$rc"; $POWEROFF; exit "$rc"; fi
   fi
   sleep __POLL__
 done
