@@ -47,7 +47,7 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import has_length
 
-from airflow_provider_spotsched.runtime.checkpoint import utc_now
+from airflow_provider_spotsched.runtime.checkpoint import utc_now, writer_generation
 from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError, GuardSettings, check_resumable
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, Progress, read_progress, write_progress
 from airflow_provider_spotsched.runtime.guard import DivergenceError, bad_loss_reason, check_rollback_allowed
@@ -173,23 +173,24 @@ class SpotCallback(TrainerCallback):
         by default the one the checkpoint was saved with.
         """
         chosen: Path | None = None
+        stored: str | None = None  # its directory in the store (checkpoint-N.<upload id>), for the other instances
         skipped: list[str] = []
         node_leader = os.environ.get("LOCAL_RANK", "0") == "0"  # the first process of each instance
         if self.mirror is not None and node_leader:
             shutil.rmtree(self.output_dir, ignore_errors=True)  # the store holds the truth; stale copies go
         if leader:
             if self.mirror is not None:
-                chosen, skipped = self.mirror.fetch_latest_valid(self.output_dir)
+                chosen, stored, skipped = self.mirror.fetch_latest_valid(self.output_dir)
             else:
                 chosen, skipped = latest_valid(self.output_dir, warn)
                 remove_newer_than(self.output_dir, checkpoint_step(chosen) if chosen else None, warn)
         if distributed():
-            holder = [str(chosen) if chosen else None]
+            holder = [str(chosen) if chosen else None, stored]
             dist.broadcast_object_list(holder, src=0)
-            chosen = Path(holder[0]) if holder[0] else None
-            if self.mirror is not None and chosen is not None and node_leader and not leader \
+            chosen, stored = (Path(holder[0]) if holder[0] else None), holder[1]
+            if self.mirror is not None and stored is not None and node_leader and not leader \
                     and os.environ.get("GROUP_RANK", "0") != "0":  # another instance than the leader's
-                self.mirror.download(self.output_dir, chosen.name)
+                self.mirror.download(self.output_dir, stored)
             barrier()  # every instance has its copy before any process loads it
         elif not leader:
             raise RuntimeError("a non-zero rank without a torch.distributed process group cannot resume: "
@@ -293,11 +294,11 @@ class SpotCallback(TrainerCallback):
             directory = self.output_dir / f"checkpoint-{step}"
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
                            world_size=args.world_size, kind=kind, rollbacks=self.rollbacks, lr_scale=self.lr_scale,
-                           resume_shape=self.resume_shape)
+                           resume_shape=self.resume_shape, **writer_generation())
             prune(self.output_dir, self.keep, warn)
             if self.mirror is not None:  # inside the save's time, so the Young/Daly interval counts it
-                self.mirror.upload(directory)
-                self.mirror.prune(self.output_dir, self.keep, keeping=directory.name)
+                stored = self.mirror.upload_checkpoint(directory)
+                self.mirror.prune(self.output_dir, self.keep, keeping=stored)
         barrier()  # no rank exits (torchrun would then stop the others) before the checkpoint is complete
         self.checkpointed_step = step
         save_s = now - self._save_requested if self._save_requested is not None else None
