@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -195,3 +197,39 @@ def test_two_generations_saving_the_same_step_at_once_leave_only_complete_checkp
         verify(fresh.download(output, name))
     chosen, _, skipped = fresh.fetch_latest_valid(output)
     assert skipped == [] and chosen == output / "checkpoint-150"
+
+
+RANK_SAVES = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+import torch.distributed as dist
+from transformers import TrainerControl, TrainerState
+from airflow_provider_spotsched.runtime.hf_callback import SpotCallback
+rank, tmp = int(sys.argv[1]), Path(sys.argv[2])
+dist.init_process_group("gloo", init_method=f"file://{tmp / 'rendezvous'}", rank=rank, world_size=2)
+callback = SpotCallback(f"local://{tmp / 'store'}", staging_dir=tmp / f"instance-{rank}", emit=lambda event, **fields: None)
+directory = callback.output_dir / "checkpoint-3"  # as the Trainer leaves it on this rank's instance
+directory.mkdir(parents=True)
+(directory / f"rng_state_{rank}.pth").write_bytes(f"rank {rank}'s generators".encode())
+if rank == 0:
+    (directory / "adapter_model.safetensors").write_bytes(b"weights")
+state = TrainerState(global_step=3, max_steps=6, is_world_process_zero=rank == 0)
+callback.on_save(SimpleNamespace(should_save=rank == 0, world_size=2), state, TrainerControl())
+dist.destroy_process_group()
+"""
+
+
+def test_the_rng_state_of_a_rank_on_another_instance_goes_into_the_stored_checkpoint(tmp_path: Path) -> None:
+    """Two ranks on two instances (staging disks) save step 3: rank 1's rng_state_1.pth was written on its own
+    disk only, so the store's checkpoint lacked it and a resume on fresh instances went on without it."""
+    workers = [subprocess.Popen([sys.executable, "-c", RANK_SAVES, str(rank), str(tmp_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    for worker in workers:
+        _, err = worker.communicate(timeout=240)
+        assert worker.returncode == 0, err[-2000:]
+    fresh = CheckpointMirror(f"local://{tmp_path / 'store'}", tmp_path / "instance-new", lambda message: None)
+    chosen, _, skipped = fresh.fetch_latest_valid(tmp_path / "instance-new" / "checkpoints")
+    assert skipped == [] and chosen is not None and chosen.name == "checkpoint-3"
+    assert (chosen / "rng_state_1.pth").read_bytes() == b"rank 1's generators"
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(verify(chosen)["files"])  # checksummed with the rest

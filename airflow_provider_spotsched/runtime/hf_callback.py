@@ -24,10 +24,10 @@ checkpoint (the resume rewinds the data position with it) with the learning rate
 
 Under torchrun (world size > 1) every rank runs the callback: at each step end the ranks agree,
 by one all-reduce (MAX) of their stop and save-due flags, so a notice seen by any rank stops all
-of them at the same step and a time-based save is taken by all or none. After a save a barrier
-waits for every rank's files (the per-rank ``rng_state_R.pth``), rank 0 writes the manifest and
-prunes, and a second barrier keeps the others from exiting (which makes torchrun stop the group)
-before the checkpoint is complete. :func:`spot_train` also gives the Trainer a
+of them at the same step and a time-based save is taken by all or none. After a save rank 0
+gathers every rank's ``rng_state_R.pth`` into its copy of the checkpoint (other instances write
+theirs on their own disks), writes the manifest and prunes, and a barrier keeps the others from
+exiting (which makes torchrun stop the group) before the checkpoint is complete. :func:`spot_train` also gives the Trainer a
 :class:`~.hf_sampler.GlobalOrderSampler`, so the data order survives a change of world size.
 """
 
@@ -289,7 +289,7 @@ class SpotCallback(TrainerCallback):
         now = time.monotonic()
         step = state.global_step
         kind = "emergency" if self.preempted else "final" if step >= state.max_steps else "periodic"
-        barrier()  # every rank's files (its rng_state_R.pth) are written before the manifest vouches for them
+        gather_rng_states(self.output_dir / f"checkpoint-{step}")  # before the manifest vouches for them
         if args.should_save:
             directory = self.output_dir / f"checkpoint-{step}"
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
@@ -459,6 +459,28 @@ def agree(flags: list[bool], device: torch.device) -> list[bool]:
 def barrier() -> None:
     if distributed():
         dist.barrier()
+
+
+def gather_rng_states(directory: Path) -> None:
+    """Bring every rank's ``rng_state_R.pth`` into rank 0's copy of the checkpoint just saved, for its manifest
+    to vouch for and the mirror to upload.
+
+    The Trainer writes each process's RNG state on its own instance's disk: from another instance than rank 0's
+    it never reached the store, and a resume there went on with other random streams (dropout) than an
+    uninterrupted run. A few KB per rank, gathered to rank 0, which writes the ones it lacks; a rank without
+    one (``save_only_model``) sends nothing, and the checkpoint goes without it. Also the barrier after the
+    Trainer's save: every rank has written its files when it sends.
+    """
+    if not distributed():
+        return
+    rank = dist.get_rank()
+    own = directory / f"rng_state_{rank}.pth"
+    sent = own.read_bytes() if rank != 0 and own.is_file() else None
+    received: list[bytes | None] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(sent, received, dst=0)
+    for peer, data in enumerate(received or []):
+        if data is not None and not (directory / f"rng_state_{peer}.pth").is_file():
+            (directory / f"rng_state_{peer}.pth").write_bytes(data)
 
 
 def use_global_order(trainer: Trainer) -> None:
