@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import errno
 import json
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
 from airflow_provider_spotsched.runtime import hf_checkpoints
-from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, write_manifest
-from airflow_provider_spotsched.runtime.hf_mirror import CheckpointMirror, is_remote, staging_directory
+from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, verify, write_manifest
+from airflow_provider_spotsched.runtime.hf_mirror import CheckpointMirror, is_remote, staging_directory, stored_step
 
 
 class RecordingFileSystem(LocalFileSystem):
@@ -24,6 +27,22 @@ class RecordingFileSystem(LocalFileSystem):
     def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
         self.put.append(Path(rpath).name)
         super().put_file(lpath, rpath, **kwargs)
+
+
+class InterleavingFileSystem(LocalFileSystem):
+    """The local filesystem that runs ``meanwhile`` once, right after the first file is put: another writer's
+    upload lands in the middle of this one's."""
+
+    def __init__(self, meanwhile: Callable[[], None] | None = None) -> None:
+        super().__init__(skip_instance_cache=True)
+        self.meanwhile = meanwhile
+
+    def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
+        self.makedirs(self._parent(rpath), exist_ok=True)  # as in an object store, whose folders are only names
+        super().put_file(lpath, rpath, **kwargs)
+        meanwhile, self.meanwhile = self.meanwhile, None
+        if meanwhile is not None:
+            meanwhile()
 
 
 def saved(local: Path, step: int, payload: bytes = b"weights") -> Path:
@@ -68,7 +87,7 @@ def test_an_upload_cut_off_before_its_manifest_is_never_resumed_from(tmp_path: P
     (store / "checkpoints" / "checkpoint-8" / "adapter_model.safetensors").write_bytes((cut / "adapter_model.safetensors").read_bytes())
     fresh = tmp_path / "other-machine"
     mirror.local_root = fresh
-    chosen, skipped = mirror.fetch_latest_valid(fresh / "checkpoints")
+    chosen, _, skipped = mirror.fetch_latest_valid(fresh / "checkpoints")
     assert chosen == fresh / "checkpoints" / "checkpoint-4" and skipped == []
     assert (chosen / "adapter_model.safetensors").read_bytes() == b"weights"
 
@@ -78,7 +97,7 @@ def test_a_corrupt_store_checkpoint_is_skipped_named_and_removed(tmp_path: Path)
     mirror.upload(saved(local, 4))
     mirror.upload(saved(local, 8))
     (store / "checkpoints" / "checkpoint-8" / "adapter_model.safetensors").write_bytes(b"bitrot!")
-    chosen, skipped = mirror.fetch_latest_valid(local / "checkpoints")
+    chosen, _, skipped = mirror.fetch_latest_valid(local / "checkpoints")
     assert chosen is not None and chosen.name == "checkpoint-4"
     assert skipped and skipped[0].startswith("checkpoint-8: checksum mismatch")
     assert not (store / "checkpoints" / "checkpoint-8").exists() and "checkpoint-8" in log[0]
@@ -97,7 +116,7 @@ def test_a_store_checkpoint_unreadable_on_the_staging_disk_is_skipped_and_kept(t
         return real_digest(path)
 
     monkeypatch.setattr(hf_checkpoints, "_digest", flaky_disk)
-    chosen, skipped = mirror.fetch_latest_valid(local / "checkpoints")
+    chosen, _, skipped = mirror.fetch_latest_valid(local / "checkpoints")
     assert chosen is not None and chosen.name == "checkpoint-4"
     assert skipped and skipped[0].startswith("checkpoint-8: ") and "could not be read" in skipped[0]
     assert (store / "checkpoints" / "checkpoint-8" / MANIFEST).is_file() and "kept there" in log[0]
@@ -116,7 +135,7 @@ def test_the_store_keeps_the_newest_complete_checkpoints_and_a_running_upload(tm
 
 def test_an_empty_store_has_nothing_to_resume(tmp_path: Path) -> None:
     mirror, local, _, _ = mirror_in(tmp_path)
-    assert mirror.fetch_latest_valid(local / "checkpoints") == (None, [])
+    assert mirror.fetch_latest_valid(local / "checkpoints") == (None, None, [])
     assert mirror.prune(local / "checkpoints", keep=1) == []
 
 
@@ -129,7 +148,7 @@ def test_a_stale_generations_newer_checkpoint_never_leaves_the_store_without_a_f
     mirror.upload(saved(first, 100))
     second = tmp_path / "generation-2"
     mirror.local_root = second
-    chosen, _ = mirror.fetch_latest_valid(second / "checkpoints")
+    chosen, _, _ = mirror.fetch_latest_valid(second / "checkpoints")
     assert chosen is not None and chosen.name == "checkpoint-100"
     mirror.local_root = first
     mirror.upload(saved(first, 150, b"generation 1's weights"))  # the stale writer's upload lands now
@@ -142,6 +161,75 @@ def test_a_stale_generations_newer_checkpoint_never_leaves_the_store_without_a_f
         (own / "adapter_model.safetensors").read_bytes())
     third = tmp_path / "generation-3"
     mirror.local_root = third
-    chosen, skipped = mirror.fetch_latest_valid(third / "checkpoints")
+    chosen, _, skipped = mirror.fetch_latest_valid(third / "checkpoints")
     assert [s.split(":")[0] for s in skipped] == ["checkpoint-150"]
     assert chosen is not None and chosen.name == "checkpoint-120"
+
+
+def test_two_generations_saving_the_same_step_at_once_leave_only_complete_checkpoints(tmp_path: Path) -> None:
+    """keep=1. A stale generation and the next both resumed from checkpoint-100 and save step 150 at the same
+    moment: the next one's whole upload and prune land between the stale one's first file and the rest. Into one
+    checkpoint-150 they mixed their files under the stale one's manifest (last), after the next one's prune had
+    removed checkpoint-100: the store held no usable checkpoint. Each upload now has a directory of its own, and
+    a prune leaves an upload of the newest step alone."""
+    store = tmp_path / "store"
+
+    def writer(name: str, meanwhile: Callable[[], None] | None = None) -> CheckpointMirror:
+        mirror = CheckpointMirror(f"local://{store}", tmp_path / name, lambda message: None)
+        mirror.fs = InterleavingFileSystem(meanwhile)
+        return mirror
+
+    writer("first").upload_checkpoint(saved(tmp_path / "first", 100))
+    new = writer("new")
+
+    def new_generation_saves() -> None:
+        stored = new.upload_checkpoint(saved(tmp_path / "new", 150, b"the new generation's weights"))
+        new.prune(tmp_path / "new" / "checkpoints", keep=1, keeping=stored)
+
+    stale = writer("stale", new_generation_saves)
+    stored = stale.upload_checkpoint(saved(tmp_path / "stale", 150, b"the stale generation's weights"))
+    stale.prune(tmp_path / "stale" / "checkpoints", keep=1, keeping=stored)
+
+    fresh, output = writer("fresh"), tmp_path / "fresh" / "checkpoints"
+    names = fresh.remote_checkpoints(output)
+    assert names and all(stored_step(name) == 150 for name in names)
+    for name in names:  # every checkpoint with a manifest is whole: none is a mix, none lost files to a prune
+        verify(fresh.download(output, name))
+    chosen, _, skipped = fresh.fetch_latest_valid(output)
+    assert skipped == [] and chosen == output / "checkpoint-150"
+
+
+RANK_SAVES = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+import torch.distributed as dist
+from transformers import TrainerControl, TrainerState
+from airflow_provider_spotsched.runtime.hf_callback import SpotCallback
+rank, tmp = int(sys.argv[1]), Path(sys.argv[2])
+dist.init_process_group("gloo", init_method=f"file://{tmp / 'rendezvous'}", rank=rank, world_size=2)
+callback = SpotCallback(f"local://{tmp / 'store'}", staging_dir=tmp / f"instance-{rank}", emit=lambda event, **fields: None)
+directory = callback.output_dir / "checkpoint-3"  # as the Trainer leaves it on this rank's instance
+directory.mkdir(parents=True)
+(directory / f"rng_state_{rank}.pth").write_bytes(f"rank {rank}'s generators".encode())
+if rank == 0:
+    (directory / "adapter_model.safetensors").write_bytes(b"weights")
+state = TrainerState(global_step=3, max_steps=6, is_world_process_zero=rank == 0)
+callback.on_save(SimpleNamespace(should_save=rank == 0, world_size=2), state, TrainerControl())
+dist.destroy_process_group()
+"""
+
+
+def test_the_rng_state_of_a_rank_on_another_instance_goes_into_the_stored_checkpoint(tmp_path: Path) -> None:
+    """Two ranks on two instances (staging disks) save step 3: rank 1's rng_state_1.pth was written on its own
+    disk only, so the store's checkpoint lacked it and a resume on fresh instances went on without it."""
+    workers = [subprocess.Popen([sys.executable, "-c", RANK_SAVES, str(rank), str(tmp_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    for worker in workers:
+        _, err = worker.communicate(timeout=240)
+        assert worker.returncode == 0, err[-2000:]
+    fresh = CheckpointMirror(f"local://{tmp_path / 'store'}", tmp_path / "instance-new", lambda message: None)
+    chosen, _, skipped = fresh.fetch_latest_valid(tmp_path / "instance-new" / "checkpoints")
+    assert skipped == [] and chosen is not None and chosen.name == "checkpoint-3"
+    assert (chosen / "rng_state_1.pth").read_bytes() == b"rank 1's generators"
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(verify(chosen)["files"])  # checksummed with the rest

@@ -31,6 +31,7 @@ import pytest
 from airflow_provider_spotsched.backends.local_processes import free_port
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, EXIT_USAGE, runtime_command
 from airflow_provider_spotsched.runtime.hf_checkpoints import checkpoints, verify
+from airflow_provider_spotsched.runtime.hf_mirror import stored_step
 from airflow_provider_spotsched.runtime.node import BACKEND_RENDEZVOUS, NodeError, torchrun_arguments, worker_environment
 from tests.runtime_support import kill_tree
 
@@ -144,7 +145,7 @@ class Instance:
 
 def loss_curve(uri: Path) -> dict[int, float]:
     """Each step's loss in the final checkpoint's ``log_history``: the job's curve through every resume."""
-    (final, *_) = checkpoints(uri / "checkpoints")
+    (final, *_) = newest_first(uri)
     history = json.loads((final / "trainer_state.json").read_text())["log_history"]
     return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
 
@@ -172,11 +173,19 @@ def two_instances(tmp_path: Path) -> Iterator[tuple[Path, list[Instance], list[P
             instance.kill()
 
 
+def newest_first(uri: Path) -> list[Path]:
+    """The checkpoint directories under ``uri`` (``checkpoint-N``, or a store's ``checkpoint-N.<upload id>``), newest
+    step first."""
+    folder = uri / "checkpoints"
+    found = [entry for entry in folder.iterdir() if stored_step(entry.name) is not None] if folder.is_dir() else []
+    return sorted(found, key=lambda entry: stored_step(entry.name) or 0, reverse=True)
+
+
 def wait_for_checkpoint(uri: Path, world_size: int, min_step: int) -> dict[str, Any]:
     """The first complete checkpoint saved at ``world_size`` from ``min_step`` on (the job is running there)."""
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:
-        for directory in checkpoints(uri / "checkpoints"):
+        for directory in newest_first(uri):
             try:
                 manifest = verify(directory)
             except Exception:
@@ -243,10 +252,11 @@ def test_an_object_store_job_resumes_on_another_machine_from_the_store(
     finally:
         if first.process.poll() is None:
             first.kill()
-    emergency = verify(checkpoints(uri / "checkpoints")[0])
+    newest = newest_first(uri)[0]
+    emergency = verify(newest)
     assert emergency["kind"] == "emergency"
     broken = uri / "checkpoints" / f"checkpoint-{STEPS + 100}"
-    shutil.copytree(uri / "checkpoints" / emergency["name"], broken)
+    shutil.copytree(newest, broken)
     (broken / "adapter_model.safetensors").write_bytes(b"truncated")
 
     notice.unlink()

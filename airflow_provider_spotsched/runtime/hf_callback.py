@@ -24,10 +24,10 @@ checkpoint (the resume rewinds the data position with it) with the learning rate
 
 Under torchrun (world size > 1) every rank runs the callback: at each step end the ranks agree,
 by one all-reduce (MAX) of their stop and save-due flags, so a notice seen by any rank stops all
-of them at the same step and a time-based save is taken by all or none. After a save a barrier
-waits for every rank's files (the per-rank ``rng_state_R.pth``), rank 0 writes the manifest and
-prunes, and a second barrier keeps the others from exiting (which makes torchrun stop the group)
-before the checkpoint is complete. :func:`spot_train` also gives the Trainer a
+of them at the same step and a time-based save is taken by all or none. After a save rank 0
+gathers every rank's ``rng_state_R.pth`` into its copy of the checkpoint (other instances write
+theirs on their own disks), writes the manifest and prunes, and a barrier keeps the others from
+exiting (which makes torchrun stop the group) before the checkpoint is complete. :func:`spot_train` also gives the Trainer a
 :class:`~.hf_sampler.GlobalOrderSampler`, so the data order survives a change of world size.
 """
 
@@ -47,7 +47,7 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import has_length
 
-from airflow_provider_spotsched.runtime.checkpoint import utc_now
+from airflow_provider_spotsched.runtime.checkpoint import utc_now, writer_generation
 from airflow_provider_spotsched.runtime.config import CheckpointSettings, ConfigError, GuardSettings, check_resumable
 from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTED, Progress, read_progress, write_progress
 from airflow_provider_spotsched.runtime.guard import DivergenceError, bad_loss_reason, check_rollback_allowed
@@ -173,23 +173,24 @@ class SpotCallback(TrainerCallback):
         by default the one the checkpoint was saved with.
         """
         chosen: Path | None = None
+        stored: str | None = None  # its directory in the store (checkpoint-N.<upload id>), for the other instances
         skipped: list[str] = []
         node_leader = os.environ.get("LOCAL_RANK", "0") == "0"  # the first process of each instance
         if self.mirror is not None and node_leader:
             shutil.rmtree(self.output_dir, ignore_errors=True)  # the store holds the truth; stale copies go
         if leader:
             if self.mirror is not None:
-                chosen, skipped = self.mirror.fetch_latest_valid(self.output_dir)
+                chosen, stored, skipped = self.mirror.fetch_latest_valid(self.output_dir)
             else:
                 chosen, skipped = latest_valid(self.output_dir, warn)
                 remove_newer_than(self.output_dir, checkpoint_step(chosen) if chosen else None, warn)
         if distributed():
-            holder = [str(chosen) if chosen else None]
+            holder = [str(chosen) if chosen else None, stored]
             dist.broadcast_object_list(holder, src=0)
-            chosen = Path(holder[0]) if holder[0] else None
-            if self.mirror is not None and chosen is not None and node_leader and not leader \
+            chosen, stored = (Path(holder[0]) if holder[0] else None), holder[1]
+            if self.mirror is not None and stored is not None and node_leader and not leader \
                     and os.environ.get("GROUP_RANK", "0") != "0":  # another instance than the leader's
-                self.mirror.download(self.output_dir, chosen.name)
+                self.mirror.download(self.output_dir, stored)
             barrier()  # every instance has its copy before any process loads it
         elif not leader:
             raise RuntimeError("a non-zero rank without a torch.distributed process group cannot resume: "
@@ -288,16 +289,16 @@ class SpotCallback(TrainerCallback):
         now = time.monotonic()
         step = state.global_step
         kind = "emergency" if self.preempted else "final" if step >= state.max_steps else "periodic"
-        barrier()  # every rank's files (its rng_state_R.pth) are written before the manifest vouches for them
+        gather_rng_states(self.output_dir / f"checkpoint-{step}")  # before the manifest vouches for them
         if args.should_save:
             directory = self.output_dir / f"checkpoint-{step}"
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
                            world_size=args.world_size, kind=kind, rollbacks=self.rollbacks, lr_scale=self.lr_scale,
-                           resume_shape=self.resume_shape)
+                           resume_shape=self.resume_shape, **writer_generation())
             prune(self.output_dir, self.keep, warn)
             if self.mirror is not None:  # inside the save's time, so the Young/Daly interval counts it
-                self.mirror.upload(directory)
-                self.mirror.prune(self.output_dir, self.keep, keeping=directory.name)
+                stored = self.mirror.upload_checkpoint(directory)
+                self.mirror.prune(self.output_dir, self.keep, keeping=stored)
         barrier()  # no rank exits (torchrun would then stop the others) before the checkpoint is complete
         self.checkpointed_step = step
         save_s = now - self._save_requested if self._save_requested is not None else None
@@ -458,6 +459,28 @@ def agree(flags: list[bool], device: torch.device) -> list[bool]:
 def barrier() -> None:
     if distributed():
         dist.barrier()
+
+
+def gather_rng_states(directory: Path) -> None:
+    """Bring every rank's ``rng_state_R.pth`` into rank 0's copy of the checkpoint just saved, for its manifest
+    to vouch for and the mirror to upload.
+
+    The Trainer writes each process's RNG state on its own instance's disk: from another instance than rank 0's
+    it never reached the store, and a resume there went on with other random streams (dropout) than an
+    uninterrupted run. A few KB per rank, gathered to rank 0, which writes the ones it lacks; a rank without
+    one (``save_only_model``) sends nothing, and the checkpoint goes without it. Also the barrier after the
+    Trainer's save: every rank has written its files when it sends.
+    """
+    if not distributed():
+        return
+    rank = dist.get_rank()
+    own = directory / f"rng_state_{rank}.pth"
+    sent = own.read_bytes() if rank != 0 and own.is_file() else None
+    received: list[bytes | None] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(sent, received, dst=0)
+    for peer, data in enumerate(received or []):
+        if data is not None and not (directory / f"rng_state_{peer}.pth").is_file():
+            (directory / f"rng_state_{peer}.pth").write_bytes(data)
 
 
 def use_global_order(trainer: Trainer) -> None:

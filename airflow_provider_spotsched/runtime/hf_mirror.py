@@ -6,12 +6,15 @@ The Trainer writes checkpoints with ``os``, so a job whose checkpoint URI is an 
 (:mod:`.hf_checkpoints`): a checkpoint is complete exactly when its manifest is there and every
 file matches it.
 
-- **up**: after a save, each file of ``checkpoint-N/`` is uploaded, then the manifest, last; a
-  preemption mid-upload leaves a checkpoint without a manifest, which no resume takes. The store
-  is then pruned to the K newest complete checkpoints and the one just uploaded.
+- **up**: after a save, each file of ``checkpoint-N/`` is uploaded to ``checkpoint-N.<upload id>/``
+  in the store, then the manifest, last; a preemption mid-upload leaves a checkpoint without a
+  manifest, which no resume takes. Each upload has a store directory of its own, so two writers of
+  the same step (a stale generation and the next, for a moment) never mix or overwrite each other's
+  files. The store is then pruned to the K newest complete checkpoints and the one just uploaded.
 - **down**: on a resume, the newest checkpoint in the store whose manifest is there is downloaded
-  and verified against it on local disk; one that fails (a truncated object, a checksum mismatch)
-  is named, skipped and removed, and the next older one is tried.
+  to ``checkpoint-N/`` (the Trainer's name) and verified against it on local disk; one that fails
+  (a truncated object, a checksum mismatch) is named, skipped and removed, and the next older one
+  is tried. A store written before upload ids (plain ``checkpoint-N/``) is read the same way.
 - ``final/`` (the adapter) is uploaded the same way; ``progress.json`` goes to the store directly.
 
 Credentials are the instance's own (an instance profile, a service account), through fsspec;
@@ -21,7 +24,9 @@ Credentials are the instance's own (an instance profile, a service account), thr
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,10 +34,18 @@ from typing import Any
 import fsspec
 
 from airflow_provider_spotsched.runtime.checkpoint import Unusable
-from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, NAME, checkpoint_step, verify
+from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, verify
 
 STAGING_ENV = "SPOTSCHED_STAGING_DIR"
 """Where the local copies go (default ``~/.cache/spotsched/staging``): the disk the Trainer writes to."""
+STORED = re.compile(r"^(checkpoint-(\d+))(?:\.[0-9a-f]+)?$")
+"""A checkpoint's directory in the store: the Trainer's ``checkpoint-N``, then its upload's id (none before ids)."""
+
+
+def stored_step(name: str) -> int | None:
+    """The step of a checkpoint directory in the store (``checkpoint-N`` or ``checkpoint-N.<upload id>``)."""
+    match = STORED.match(name)
+    return int(match.group(2)) if match else None
 
 
 def is_remote(checkpoint_uri: str) -> bool:
@@ -61,38 +74,60 @@ class CheckpointMirror:
     def _remote(self, local: Path) -> str:
         return f"{self.root}/{local.relative_to(self.local_root).as_posix()}"
 
-    def upload(self, directory: Path) -> None:
-        """Every file of a local checkpoint (or ``final/``), its manifest last when it has one."""
+    def upload(self, directory: Path, name: str | None = None) -> None:
+        """Every file of a local checkpoint (or ``final/``), its manifest last when it has one; into ``name``
+        beside the directory's place in the store when given."""
+        target = self._remote(directory) if name is None else f"{self._remote(directory.parent)}/{name}"
+
+        def remote(path: Path) -> str:
+            relative = path.relative_to(directory).as_posix()
+            return target if relative == "." else f"{target}/{relative}"
+
         files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
         if (directory / MANIFEST).is_file():
             files.append(directory / MANIFEST)
         for folder in sorted({path.parent for path in files}):  # a no-op on object stores, needed on disks
-            self.fs.makedirs(self._remote(folder), exist_ok=True)
+            self.fs.makedirs(remote(folder), exist_ok=True)
         for path in files:
-            self.fs.put_file(str(path), self._remote(path))
+            self.fs.put_file(str(path), remote(path))
+
+    def upload_checkpoint(self, directory: Path) -> str:
+        """Upload a local ``checkpoint-N`` under a store name of its own (``checkpoint-N.<upload id>``); that name.
+
+        Never into an existing directory: a stale generation saving the same step at the same moment would
+        otherwise mix its files with this one's under either's manifest (a checkpoint that looks complete and is
+        corrupt), and a prune of either could remove files the other is uploading.
+        """
+        name = f"{directory.name}.{uuid.uuid4().hex[:8]}"
+        self.upload(directory, name)
+        return name
 
     def remote_checkpoints(self, output_dir: Path) -> list[str]:
-        """The ``checkpoint-N`` names in the store with a manifest, newest step first."""
+        """The checkpoint directories in the store with a manifest, newest step first."""
         remote_dir = self._remote(output_dir)
         try:
             entries = self.fs.ls(remote_dir, detail=False)
         except FileNotFoundError:
             return []
         names = [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries]
-        complete = [name for name in names if NAME.match(name)
+        complete = [name for name in names if STORED.match(name)
                     and self.fs.exists(f"{remote_dir}/{name}/{MANIFEST}")]
-        return sorted(complete, key=lambda name: checkpoint_step(Path(name)) or 0, reverse=True)
+        return sorted(complete, key=lambda name: (stored_step(name) or 0, name), reverse=True)
 
     def download(self, output_dir: Path, name: str) -> Path:
-        """The store's ``name`` checkpoint as a fresh local directory (an older local copy replaced)."""
-        local = output_dir / name
+        """The store's ``name`` checkpoint as a fresh local ``checkpoint-N`` (an older local copy replaced)."""
+        match = STORED.match(name)
+        if match is None:
+            raise ValueError(f"{name!r} is not a checkpoint directory of the store (checkpoint-N[.<upload id>])")
+        local = output_dir / match.group(1)
         shutil.rmtree(local, ignore_errors=True)
         local.parent.mkdir(parents=True, exist_ok=True)
-        self.fs.get(self._remote(local), str(local), recursive=True)
+        self.fs.get(f"{self._remote(output_dir)}/{name}", str(local), recursive=True)
         return local
 
-    def fetch_latest_valid(self, output_dir: Path) -> tuple[Path | None, list[str]]:
-        """Download the newest store checkpoint that verifies locally; ``"checkpoint-N: why"`` per one skipped."""
+    def fetch_latest_valid(self, output_dir: Path) -> tuple[Path | None, str | None, list[str]]:
+        """Download the newest store checkpoint that verifies locally: its local copy and its store name (for the
+        other instances to download the same one), and ``"name: why"`` per one skipped."""
         skipped = []
         for name in self.remote_checkpoints(output_dir):
             local = self.download(output_dir, name)
@@ -105,15 +140,16 @@ class CheckpointMirror:
                     self.log(f"checkpoint {name} in the store skipped, kept there: {why}")
                 else:
                     self.log(f"checkpoint {name} in the store skipped and removed: {why}")
-                    self.fs.rm(self._remote(local), recursive=True)
+                    self.fs.rm(f"{self._remote(output_dir)}/{name}", recursive=True)
                 continue
-            return local, skipped
-        return None, skipped
+            return local, name, skipped
+        return None, None, skipped
 
     def prune(self, output_dir: Path, keep: int, keeping: str | None = None) -> list[str]:
         """Remove from the store all but the ``keep`` newest complete checkpoints and ``keeping`` (the one just
         uploaded, which ``progress.json`` is about to name), and incomplete ones older than the newest (their
-        upload was cut off).
+        upload was cut off). An incomplete one of the newest's step or later stays: another writer may still be
+        uploading it, and removing some of its files would leave it corrupt under the manifest it puts last.
 
         ``keeping`` matters when the store holds a newer checkpoint than this run's: one a stale generation
         finished after this one resumed from an older one. Pushed out by it, this run's saves would leave the
@@ -127,10 +163,10 @@ class CheckpointMirror:
             return removed
         complete = self.remote_checkpoints(output_dir)
         kept = {*complete[:keep], keeping}
-        newest = checkpoint_step(Path(complete[0])) if complete else None
+        newest = stored_step(complete[0]) if complete else None
         for name in names:
-            step = checkpoint_step(Path(name))
-            if step is None or name in kept or (name not in complete and (newest is None or step > newest)):
+            step = stored_step(name)
+            if step is None or name in kept or (name not in complete and (newest is None or step >= newest)):
                 continue  # not a checkpoint, kept, or an upload that may still be running
             self.fs.rm(f"{remote_dir}/{name}", recursive=True)
             removed.append(name)
