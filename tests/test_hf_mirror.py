@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -205,31 +206,52 @@ from pathlib import Path
 from types import SimpleNamespace
 import torch.distributed as dist
 from transformers import TrainerControl, TrainerState
+from airflow_provider_spotsched.runtime.config import CheckpointSettings
 from airflow_provider_spotsched.runtime.hf_callback import SpotCallback
-rank, tmp = int(sys.argv[1]), Path(sys.argv[2])
+rank, tmp, steps, each_node = int(sys.argv[1]), Path(sys.argv[2]), [int(s) for s in sys.argv[3].split(",")], sys.argv[4] == "1"
 dist.init_process_group("gloo", init_method=f"file://{tmp / 'rendezvous'}", rank=rank, world_size=2)
-callback = SpotCallback(f"local://{tmp / 'store'}", staging_dir=tmp / f"instance-{rank}", emit=lambda event, **fields: None)
-directory = callback.output_dir / "checkpoint-3"  # as the Trainer leaves it on this rank's instance
-directory.mkdir(parents=True)
-(directory / f"rng_state_{rank}.pth").write_bytes(f"rank {rank}'s generators".encode())
-if rank == 0:
-    (directory / "adapter_model.safetensors").write_bytes(b"weights")
-state = TrainerState(global_step=3, max_steps=6, is_world_process_zero=rank == 0)
-callback.on_save(SimpleNamespace(should_save=rank == 0, world_size=2), state, TrainerControl())
+callback = SpotCallback(f"local://{tmp / 'store'}", CheckpointSettings(keep=1), staging_dir=tmp / f"instance-{rank}",
+                        emit=lambda event, **fields: None)
+for step in steps:
+    directory = callback.output_dir / f"checkpoint-{step}"  # as the Trainer leaves it on this rank's instance
+    directory.mkdir(parents=True)
+    (directory / f"rng_state_{rank}.pth").write_bytes(f"rank {rank}'s generators".encode())
+    if rank == 0 or each_node:  # the Trainer's save_on_each_node: the model is saved on every instance
+        (directory / "adapter_model.safetensors").write_bytes(b"weights")
+    state = TrainerState(global_step=step, max_steps=6, is_world_process_zero=rank == 0)
+    callback.on_save(SimpleNamespace(should_save=rank == 0 or each_node, world_size=2), state, TrainerControl())
 dist.destroy_process_group()
 """
 
 
-def test_the_rng_state_of_a_rank_on_another_instance_goes_into_the_stored_checkpoint(tmp_path: Path) -> None:
-    """Two ranks on two instances (staging disks) save step 3: rank 1's rng_state_1.pth was written on its own
-    disk only, so the store's checkpoint lacked it and a resume on fresh instances went on without it."""
-    workers = [subprocess.Popen([sys.executable, "-c", RANK_SAVES, str(rank), str(tmp_path)],
+def save_on_two_instances(tmp_path: Path, steps: list[int], each_node: bool = False) -> Path:
+    """Ranks 0 and 1, each the first process of an instance of its own (a staging disk each), save ``steps``
+    (keep=1) into the store under ``tmp_path``; a fresh instance's copy of the store's newest checkpoint."""
+    workers = [subprocess.Popen([sys.executable, "-c", RANK_SAVES, str(rank), str(tmp_path), ",".join(map(str, steps)),
+                                 str(int(each_node))], env={**os.environ, "LOCAL_RANK": "0", "GROUP_RANK": str(rank)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
     for worker in workers:
         _, err = worker.communicate(timeout=240)
         assert worker.returncode == 0, err[-2000:]
     fresh = CheckpointMirror(f"local://{tmp_path / 'store'}", tmp_path / "instance-new", lambda message: None)
     chosen, _, skipped = fresh.fetch_latest_valid(tmp_path / "instance-new" / "checkpoints")
-    assert skipped == [] and chosen is not None and chosen.name == "checkpoint-3"
+    assert skipped == [] and chosen is not None and chosen.name == f"checkpoint-{steps[-1]}"
+    return chosen
+
+
+def test_the_rng_state_of_a_rank_on_another_instance_goes_into_the_stored_checkpoint(tmp_path: Path) -> None:
+    """Two ranks on two instances (staging disks) save step 3: rank 1's rng_state_1.pth was written on its own
+    disk only, so the store's checkpoint lacked it and a resume on fresh instances went on without it."""
+    chosen = save_on_two_instances(tmp_path, [3])
     assert (chosen / "rng_state_1.pth").read_bytes() == b"rank 1's generators"
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(verify(chosen)["files"])  # checksummed with the rest
+
+
+def test_with_save_on_each_node_only_rank_0_uploads_a_checkpoint(tmp_path: Path) -> None:
+    """The Trainer's save_on_each_node makes the first process of every instance a saver (should_save): each
+    wrote a manifest and uploaded its own copy of the step, one of them without the other instances' RNG states,
+    which a resume could pick, and pruned the store against the other's upload."""
+    chosen = save_on_two_instances(tmp_path, [3], each_node=True)
+    assert [path.name.split(".")[0] for path in (tmp_path / "store" / "checkpoints").iterdir()] == ["checkpoint-3"]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(verify(chosen)["files"])
+    assert not (tmp_path / "instance-1" / "checkpoints" / "checkpoint-3" / MANIFEST).exists()  # rank 1 vouched for none

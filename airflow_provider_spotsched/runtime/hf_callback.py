@@ -289,9 +289,13 @@ class SpotCallback(TrainerCallback):
         now = time.monotonic()
         step = state.global_step
         kind = "emergency" if self.preempted else "final" if step >= state.max_steps else "periodic"
-        gather_rng_states(self.output_dir / f"checkpoint-{step}")  # before the manifest vouches for them
-        if args.should_save:
-            directory = self.output_dir / f"checkpoint-{step}"
+        directory = self.output_dir / f"checkpoint-{step}"
+        gather_rng_states(directory)  # before the manifest vouches for them
+        # In a store rank 0 alone vouches and uploads: with the Trainer's save_on_each_node every instance's first
+        # process would upload a copy of its own (its manifest vouching for its instance's RNG states only), and
+        # prune the store against the others. On disk each process the Trainer saves with keeps its copy.
+        vouches = state.is_world_process_zero if self.mirror is not None else args.should_save
+        if vouches:
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
                            world_size=args.world_size, kind=kind, rollbacks=self.rollbacks, lr_scale=self.lr_scale,
                            resume_shape=self.resume_shape, **writer_generation())
