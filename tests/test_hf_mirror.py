@@ -255,3 +255,12 @@ def test_with_save_on_each_node_only_rank_0_uploads_a_checkpoint(tmp_path: Path)
     assert [path.name.split(".")[0] for path in (tmp_path / "store" / "checkpoints").iterdir()] == ["checkpoint-3"]
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(verify(chosen)["files"])
     assert not (tmp_path / "instance-1" / "checkpoints" / "checkpoint-3" / MANIFEST).exists()  # rank 1 vouched for none
+
+
+def test_another_instances_staging_keeps_only_its_newest_checkpoints(tmp_path: Path) -> None:
+    """keep=1. On an instance other than rank 0's nothing vouches for the staging checkpoint-N/ (its ranks' RNG
+    states), and nothing pruned them: the staging disk grew by one directory per save."""
+    chosen = save_on_two_instances(tmp_path, [1, 2, 3])
+    assert [path.name for path in (tmp_path / "instance-1" / "checkpoints").iterdir()] == ["checkpoint-3"]
+    assert [path.name for path in (tmp_path / "instance-0" / "checkpoints").iterdir()] == ["checkpoint-3"]
+    assert (chosen / "rng_state_1.pth").read_bytes() == b"rank 1's generators"  # the store's copy is whole

@@ -54,6 +54,7 @@ from airflow_provider_spotsched.runtime.guard import DivergenceError, bad_loss_r
 from airflow_provider_spotsched.runtime.hf_checkpoints import (
     MANIFEST,
     checkpoint_step,
+    checkpoints,
     latest_valid,
     prune,
     remove_newer_than,
@@ -188,8 +189,7 @@ class SpotCallback(TrainerCallback):
             holder = [str(chosen) if chosen else None, stored]
             dist.broadcast_object_list(holder, src=0)
             chosen, stored = (Path(holder[0]) if holder[0] else None), holder[1]
-            if self.mirror is not None and stored is not None and node_leader and not leader \
-                    and os.environ.get("GROUP_RANK", "0") != "0":  # another instance than the leader's
+            if self.mirror is not None and stored is not None and not leader and other_instance_leader():
                 self.mirror.download(self.output_dir, stored)
             barrier()  # every instance has its copy before any process loads it
         elif not leader:
@@ -304,6 +304,8 @@ class SpotCallback(TrainerCallback):
                 stored = self.mirror.upload_checkpoint(directory)
                 self.mirror.prune(self.output_dir, self.keep, keeping=stored)
         barrier()  # no rank exits (torchrun would then stop the others) before the checkpoint is complete
+        if self.mirror is not None and other_instance_leader():
+            prune_staging(self.output_dir, self.keep)
         self.checkpointed_step = step
         save_s = now - self._save_requested if self._save_requested is not None else None
         if save_s is not None:  # a save the Trainer made on its own (e.g. at an epoch end) is not timed
@@ -463,6 +465,24 @@ def agree(flags: list[bool], device: torch.device) -> list[bool]:
 def barrier() -> None:
     if distributed():
         dist.barrier()
+
+
+def other_instance_leader() -> bool:
+    """Whether this process is the first (torchrun's ``LOCAL_RANK`` 0) of another instance than rank 0's
+    (``GROUP_RANK`` not 0): the one that keeps that instance's staging disk."""
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("GROUP_RANK", "0") != "0"
+
+
+def prune_staging(output_dir: Path, keep: int) -> None:
+    """Keep the ``keep`` newest ``checkpoint-N`` of another instance than rank 0's staging disk; never the store.
+
+    No manifest vouches for them there (rank 0 gathered their RNG states and uploaded the checkpoint), so
+    :func:`.hf_checkpoints.prune` would keep them all, and the disk grew by one directory per save. Called after
+    the save's last barrier, when rank 0's own pruning is over; errors are ignored, as several instances on one
+    machine share a staging disk and prune the same directories.
+    """
+    for old in checkpoints(output_dir)[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def gather_rng_states(directory: Path) -> None:
