@@ -9,11 +9,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
+from transformers import TrainerControl, TrainerState
 
 from airflow_provider_spotsched.runtime import hf_checkpoints
+from airflow_provider_spotsched.runtime.contract import read_progress
+from airflow_provider_spotsched.runtime.hf_callback import SpotCallback
 from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, verify, write_manifest
 from airflow_provider_spotsched.runtime.hf_mirror import CheckpointMirror, is_remote, staging_directory, stored_step
 
@@ -199,6 +203,22 @@ def test_two_generations_saving_the_same_step_at_once_leave_only_complete_checkp
     chosen, _, skipped = fresh.fetch_latest_valid(output)
     assert skipped == [] and chosen == output / "checkpoint-150"
 
+
+
+def test_progress_names_the_checkpoints_directory_in_the_store(tmp_path: Path) -> None:
+    """progress.json's checkpoint said checkpoint-N, which the store does not hold since each upload has a
+    directory of its own (checkpoint-N.<upload id>): it names that directory, after a save and after a resume."""
+    store, world = tmp_path / "store", SimpleNamespace(should_save=True, world_size=1)
+    saver = SpotCallback(f"local://{store}", staging_dir=tmp_path / "machine-a", emit=lambda event, **fields: None)
+    (saver.output_dir / "checkpoint-3").mkdir(parents=True)
+    (saver.output_dir / "checkpoint-3" / "adapter_model.safetensors").write_bytes(b"weights")
+    saver.on_save(world, TrainerState(global_step=3, max_steps=6, is_world_process_zero=True), TrainerControl())
+    named = read_progress(f"local://{store}").checkpoint
+    assert named is not None and named.startswith("checkpoint-3.") and (store / "checkpoints" / named / MANIFEST).is_file()
+    resumed = SpotCallback(f"local://{store}", staging_dir=tmp_path / "machine-b", emit=lambda event, **fields: None)
+    resumed.resume_checkpoint()
+    resumed.write_progress(world, TrainerState(max_steps=6, is_world_process_zero=True), "running")
+    assert read_progress(f"local://{store}").checkpoint == named
 
 RANK_SAVES = """
 import sys

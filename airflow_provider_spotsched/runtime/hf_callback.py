@@ -116,6 +116,7 @@ class SpotCallback(TrainerCallback):
         self.preempted = False
         self.keep = self.settings.keep
         self.checkpointed_step = 0
+        self.checkpoint_name: str | None = None  # its directory under URI/checkpoints (a store's has an upload id)
         self.loss: float | None = None
         self.eval_loss: float | None = None  # the latest loss on the Trainer's eval_dataset, when it has one
         self._watcher: NoticeWatcher | None = None
@@ -197,6 +198,7 @@ class SpotCallback(TrainerCallback):
                                "launch the script with torchrun")
         step = checkpoint_step(chosen) if chosen else None
         self.checkpointed_step = step or 0
+        self.checkpoint_name = stored or (chosen.name if chosen else None)
         saved = json.loads((chosen / MANIFEST).read_text()) if chosen else {}
         if chosen is not None:
             check_resumable(saved.get("resume_shape", {}), self.resume_shape,
@@ -295,18 +297,19 @@ class SpotCallback(TrainerCallback):
         # process would upload a copy of its own (its manifest vouching for its instance's RNG states only), and
         # prune the store against the others. On disk each process the Trainer saves with keeps its copy.
         vouches = state.is_world_process_zero if self.mirror is not None else args.should_save
+        name = directory.name
         if vouches:
             write_manifest(directory, step=step, samples_done=step * self._global_batch,
                            world_size=args.world_size, kind=kind, rollbacks=self.rollbacks, lr_scale=self.lr_scale,
                            resume_shape=self.resume_shape, **writer_generation())
             prune(self.output_dir, self.keep, warn)
             if self.mirror is not None:  # inside the save's time, so the Young/Daly interval counts it
-                stored = self.mirror.upload_checkpoint(directory)
-                self.mirror.prune(self.output_dir, self.keep, keeping=stored)
+                name = self.mirror.upload_checkpoint(directory)
+                self.mirror.prune(self.output_dir, self.keep, keeping=name)
         barrier()  # no rank exits (torchrun would then stop the others) before the checkpoint is complete
         if self.mirror is not None and other_instance_leader():
             prune_staging(self.output_dir, self.keep)
-        self.checkpointed_step = step
+        self.checkpointed_step, self.checkpoint_name = step, name
         save_s = now - self._save_requested if self._save_requested is not None else None
         if save_s is not None:  # a save the Trainer made on its own (e.g. at an epoch end) is not timed
             self.interval.record_cost(save_s)
@@ -365,7 +368,7 @@ class SpotCallback(TrainerCallback):
                 samples_done=self.checkpointed_step * self._global_batch,
                 samples_total=state.max_steps * self._global_batch, step=self.checkpointed_step, loss=self.loss,
                 samples_per_second=round(self.samples_per_second, 3), world_size=args.world_size,
-                checkpoint=f"checkpoint-{self.checkpointed_step}" if self.checkpointed_step else None,
+                checkpoint=self.checkpoint_name,
                 status=status, updated=utc_now(), eval_loss=self.eval_loss))
         except Exception as error:  # storage errors share no base class; the next write replaces it
             warn(f"progress not written ({type(error).__name__}: {error}); the next write replaces it")
