@@ -175,28 +175,26 @@ def test_a_preempted_instance_whose_command_the_shutdown_signalled_stays_a_preem
     assert isinstance(wait, Wait) and wait.known_preemptions == 1
 
 
-def test_a_preemption_the_cloud_reported_stays_one_whatever_code_its_command_stored(tmp_path):
-    # a custom torchrun command exits 1 on the preemption's SIGTERM and the script stores failed-1
-    # before its own stop; GCE lists the preemption's operation: the job resumes elsewhere
+def step_after_a_reported_preemption(tmp_path, stored: str):
+    """The driver's step once the cloud has reported the instance preempted and its script had stored ``stored``."""
     driver, backend = untagged_driver(tmp_path, [])
     (launched,) = backend.instances
     instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail="preempted at 2026-01-12T03:00:00Z")
     backend.instances = [instance]
-    store(driver, instance.instance_id, RESULT_FILE, "failed-1\n")
+    store(driver, instance.instance_id, RESULT_FILE, stored)
+    return driver.step()
 
-    wait = driver.step()
+
+def test_a_preemption_the_cloud_reported_stays_one_whatever_code_its_command_stored(tmp_path):
+    # a custom torchrun command exits 1 on the preemption's SIGTERM and the script stores failed-1
+    # before its own stop; GCE lists the preemption's operation: the job resumes elsewhere
+    wait = step_after_a_reported_preemption(tmp_path, "failed-1\n")
     assert isinstance(wait, Wait) and wait.known_preemptions == 1 and wait.known_failures == 0
 
 
 def test_a_preemption_the_cloud_reported_still_finishes_the_run_when_its_command_stored_done(tmp_path):
     # the work is done: a preemption during the exit does not undo it
-    driver, backend = untagged_driver(tmp_path, [])
-    (launched,) = backend.instances
-    instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail="preempted at 2026-01-12T03:00:00Z")
-    backend.instances = [instance]
-    store(driver, instance.instance_id, RESULT_FILE, "done\n")
-
-    assert isinstance(driver.step(), Finished)
+    assert isinstance(step_after_a_reported_preemption(tmp_path, "done\n"), Finished)
 
 
 def test_a_tagged_failure_is_reported_as_the_backend_reads_it_without_reading_the_store(tmp_path):
