@@ -401,10 +401,23 @@ def test_an_interrupted_spot_instance_that_tagged_a_failure_is_a_preemption_and_
     client.interrupted.add(victim)
 
     taken = [i for i in backend.status(job).instances if i.instance_id == victim][0]
-    assert taken.state is InstanceState.PREEMPTED and "result=failed-1" in taken.detail
+    assert taken.state is InstanceState.PREEMPTED and "result=failed-1" in taken.detail and not taken.inferred
     after = backend.reconcile(job, Allocation((2, 0), 0))
     assert after.active(POOLS) == Allocation((2, 0), 0) and after.preemptions == 1 and not after.failed
     assert len(client.launches) == 3
+
+
+def test_a_spot_instance_gone_without_a_result_or_the_interruption_reason_is_an_inferred_preemption(client, ec2, job):
+    # no spotsched:result tag and no Server.SpotInstanceTermination (terminated from outside, or
+    # shutting down before its reason shows): a failed command that could not tag itself looks the
+    # same, so the driver lets the result stored beside the log decide
+    backend = make_backend(client)
+    backend.reconcile(job, Allocation((1, 0), 0))
+    (victim,) = live(ec2, job)
+    ec2.terminate_instances(InstanceIds=[victim])
+
+    (gone,) = backend.status(job).instances
+    assert gone.state is InstanceState.PREEMPTED and gone.inferred
 
 
 def test_a_terminated_on_demand_instance_failed_and_a_result_tag_finishes_the_job(client, ec2, job):

@@ -34,6 +34,8 @@ without a result was taken back by AWS (``Server.SpotInstanceTermination``, or t
 outside) and counts as preempted. A terminated on-demand instance without either tag failed.
 An interrupted instance (``Server.SpotInstanceTermination``) is preempted even when it tagged
 ``failed-<code>``: the interruption's shutdown ended a command that does not exit 75 on SIGTERM.
+A spot instance read as preempted without that reason is marked ``inferred`` (the run driver
+then lets the result stored beside its log decide).
 """
 
 from __future__ import annotations
@@ -261,11 +263,11 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         ]
 
     def _status(self, job: TrainingJob, instances: list[_Instance]) -> JobStatus:
-        ordered = sorted(instances, key=self._oldest_first)
-        return JobStatus(
-            job.job_id,
-            tuple(InstanceStatus(i.instance_id, i.pool, _state(i), _detail(i)) for i in ordered),
-        )
+        statuses = []
+        for instance in sorted(instances, key=self._oldest_first):
+            state = _state(instance)
+            statuses.append(InstanceStatus(instance.instance_id, instance.pool, state, _detail(instance), _inferred(instance, state)))
+        return JobStatus(job.job_id, tuple(statuses))
 
     def _live(self, instance: _Instance) -> bool:
         return _state(instance) in (InstanceState.PENDING, InstanceState.RUNNING)
@@ -527,6 +529,14 @@ def _state(instance: _Instance) -> InstanceState:
     if instance.state in _GONE and (instance.pool != ON_DEMAND or instance.state_reason == SPOT_PREEMPTION_REASON):
         return InstanceState.PREEMPTED
     return InstanceState.FAILED  # stopped, or an on-demand instance ended outside spotsched
+
+
+def _inferred(instance: _Instance, state: InstanceState) -> bool:
+    """Whether a preemption is only read from a spot instance gone without a result, rather than
+    reported by EC2 (``Server.SpotInstanceTermination``): a command that failed on an instance
+    unable to tag itself can look the same (one ``shutting-down`` before its reason shows), so
+    the run driver lets its stored result decide."""
+    return state is InstanceState.PREEMPTED and instance.state_reason != SPOT_PREEMPTION_REASON
 
 
 def _detail(instance: _Instance) -> str:
