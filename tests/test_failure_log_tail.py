@@ -162,17 +162,18 @@ def test_a_preemption_with_no_stored_result_stays_a_preemption_and_its_store_is_
     assert rebuilt.stored_results == {instance.instance_id: ""}
 
 
-def test_a_preempted_instance_whose_command_the_shutdown_signalled_stays_a_preemption(tmp_path):
-    # a command that does not exit 75 on SIGTERM ends 143 as the preempted VM shuts down, and the
-    # script can store that before its own stop: the VM is gone, the job resumes elsewhere
+def test_an_out_of_memory_kill_on_a_spot_vm_that_could_not_label_it_fails_the_run(tmp_path):
+    # the kernel killed the command (137) on a spot VM that may not label itself; GCE reads it as
+    # preempted, with no preemption operation (inferred); the script asked the metadata before it
+    # stored the code, so it is no shutdown's signal: relaunched, it would be killed again
     driver, backend = untagged_driver(tmp_path, [])
     (launched,) = backend.instances
     instance = replace(launched, pool=POOLS[0], state=InstanceState.PREEMPTED, detail=UNLABELLED, inferred=True)
     backend.instances = [instance]
-    store(driver, instance.instance_id, RESULT_FILE, "failed-143\n")
+    store(driver, instance.instance_id, RESULT_FILE, "failed-137\n")
 
-    wait = driver.step()
-    assert isinstance(wait, Wait) and wait.known_preemptions == 1
+    with pytest.raises(TrainingFailedError, match="result=failed-137 stored beside its log"):
+        driver.step()
 
 
 def step_after_a_reported_preemption(tmp_path, stored: str):

@@ -41,9 +41,10 @@ The rules a caller must not have to know:
   run, ``failed-<code>`` fails it, none leaves the backend's reading. It is read once per such
   instance (the answers are kept in the state), so a failing command is not relaunched slot after
   slot until the deadline. A preemption the cloud reported stays one whatever ``failed-<code>``
-  the command left as the shutdown ended it (torchrun exits 1 on SIGTERM); one the backend only
-  infers (:attr:`~airflow_provider_spotsched.backends.base.InstanceStatus.inferred`) stays one for
-  a signal's code (above 128) alone;
+  the command left as the shutdown ended it (torchrun exits 1 on SIGTERM); on one the backend only
+  infers (:attr:`~airflow_provider_spotsched.backends.base.InstanceStatus.inferred`) the stored
+  failure counts, whatever its code (an out-of-memory kill is 137): the script stores none while
+  the instance's metadata says the cloud is taking it back;
 - any exception releases every instance of the job (checkpoints stay).
 """
 
@@ -324,9 +325,7 @@ class RunDriver:
             # the backends' detail names a result the instance tagged itself with: that one counts, unread
             if instance.state in (InstanceState.PREEMPTED, InstanceState.FAILED) and "result=" not in instance.detail:
                 result = self._stored_result(instance.instance_id)
-                if instance.state is InstanceState.PREEMPTED and result != "done" and (
-                    not instance.inferred or _killed_by_signal(result)
-                ):
+                if instance.state is InstanceState.PREEMPTED and not instance.inferred and result != "done":
                     result = ""  # the preemption's shutdown ended the command before the script saw the stop
                 if result:
                     state = InstanceState.FINISHED if result == "done" else InstanceState.FAILED
@@ -410,14 +409,6 @@ class RunDriver:
     def slot_at(self, now: datetime) -> int:
         """The slot in force at ``now`` on the run's clock."""
         return max(int(math.floor(self.run.hours_at(now) / self.run.config.job.slot_hours + SLOT_EPSILON)), 0)
-
-
-def _killed_by_signal(result: str) -> bool:
-    """Whether a stored ``failed-<code>`` is a command ended by a signal (code 128 + n), as the
-    shutdown of a preempted instance can end one that does not exit 75 on SIGTERM: what tells a
-    preemption the backend only infers from a command that failed by itself."""
-    code = result.removeprefix("failed-")
-    return result.startswith("failed-") and code.isdigit() and int(code) > 128
 
 
 def _released(status: JobStatus) -> bool:
