@@ -144,7 +144,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3, 1], help="world sizes in turn")
     parser.add_argument("--train-s", type=float, default=3.0, help="training between changes (seconds)")
-    parser.add_argument("--job", type=Path, default=Path("docs/examples/job.json"),
+    parser.add_argument("--job", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "examples" / "job.json",
                         help="the job whose reconfig_overhead_hours (delta) the figures are set against")
     parser.add_argument("--timeout", type=float, default=300.0, help="the longest wait for any one phase")
     args = parser.parse_args()
