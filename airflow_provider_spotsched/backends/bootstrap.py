@@ -230,12 +230,14 @@ while true; do
   if [ "$child" -ne 0 ] && ! kill -0 "$child" 2>/dev/null; then
     wait "$child"; rc=$?; child=0
     if [ "$rc" -eq 0 ]; then report done; $POWEROFF; exit 0; fi
-    # A command that does not exit 75 on SIGTERM (torchrun exits 1) can end with another code as
-    # the cloud takes the instance back, before the shutdown stops the script: a preemption too.
-    if [ "$rc" -ne __EXIT_PREEMPTED__ ] && reclaimed; then
-      echo "spotsched: the command exited $rc while the cloud takes this instance back: a preemption, not a failure" >>"$LOG"
-      upload_log
-    elif [ "$rc" -ne __EXIT_PREEMPTED__ ]; then report "failed-$rc"; $POWEROFF; exit "$rc"; fi
+    if [ "$rc" -ne __EXIT_PREEMPTED__ ]; then
+      # A command that does not exit 75 on SIGTERM (torchrun exits 1) can end with another code as
+      # the cloud takes the instance back, before the shutdown stops the script: a preemption too.
+      if reclaimed; then
+        echo "spotsched: the command exited $rc while the cloud takes this instance back: a preemption, not a failure" >>"$LOG"
+        upload_log
+      else report "failed-$rc"; $POWEROFF; exit "$rc"; fi
+    fi
   fi
   sleep __POLL__
 done

@@ -150,6 +150,10 @@ class _ZoneOperation(ExtendedOperation):
         return self.http_error_message
 
 
+def _cannot_cancel() -> None:
+    """What cancelling a zone operation does: nothing (Compute Engine has no cancel for them)."""
+
+
 class GceBackend(CloudBackend[_Vm, str]):
     """Runs a job on Compute Engine through an ``InstancesClient`` (the Google provider's client).
 
@@ -420,8 +424,7 @@ class GceBackend(CloudBackend[_Vm, str]):
     def _awaitable(self, zone: str, operation: compute_v1.Operation) -> _ZoneOperation:
         """``operation`` as a future polled through ``self.operations``, the client with the connection's endpoint."""
         request = compute_v1.GetZoneOperationRequest(project=self.project, zone=zone, operation=operation.name)
-        cancel = lambda: None  # noqa: E731 (zone operations cannot be cancelled)
-        return _ZoneOperation.make(functools.partial(self.operations.get, request), cancel, operation)
+        return _ZoneOperation.make(functools.partial(self.operations.get, request), _cannot_cancel, operation)
 
     def _with_launched(self, job: TrainingJob, vms: list[_Vm], launched: list[str]) -> list[_Vm]:
         return self._list(job) if launched else vms  # the new VMs' addresses and metadata fingerprints
