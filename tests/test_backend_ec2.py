@@ -402,6 +402,7 @@ def test_an_interrupted_spot_instance_that_tagged_a_failure_is_a_preemption_and_
 
     taken = [i for i in backend.status(job).instances if i.instance_id == victim][0]
     assert taken.state is InstanceState.PREEMPTED and "result=failed-1" in taken.detail and not taken.inferred
+    assert taken.tagged_result == "failed-1"  # the driver trusts this field, not the detail's text
     after = backend.reconcile(job, Allocation((2, 0), 0))
     assert after.active(POOLS) == Allocation((2, 0), 0) and after.preemptions == 1 and not after.failed
     assert len(client.launches) == 3

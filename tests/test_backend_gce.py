@@ -459,6 +459,7 @@ def test_a_preempted_spot_vm_that_labelled_a_failure_is_a_preemption_but_one_wit
     assert states == {victim: (InstanceState.PREEMPTED, False), failing: (InstanceState.FAILED, False)}
     taken = [i for i in status.instances if i.instance_id == victim][0]
     assert "preempted at" in taken.detail and "result=failed-1" in taken.detail
+    assert {i.tagged_result for i in status.instances} == {"failed-1"}  # the driver trusts this field, not the detail's text
     assert status.preemptions == 1
 
 

@@ -202,9 +202,24 @@ def test_a_tagged_failure_is_reported_as_the_backend_reads_it_without_reading_th
     opened: list[str] = []
     driver, backend = untagged_driver(tmp_path, opened)
     (instance,) = backend.instances
-    backend.instances = [replace(instance, state=InstanceState.FAILED, detail="terminated, result=failed-2")]
+    tagged = replace(instance, state=InstanceState.FAILED, detail="terminated, result=failed-2", tagged_result="failed-2")
+    backend.instances = [tagged]
     result = store(driver, instance.instance_id, RESULT_FILE, "failed-2\n")
 
     with pytest.raises(TrainingFailedError, match=r"\): terminated, result=failed-2$"):
         driver.step()
     assert result not in opened
+
+
+def test_a_detail_that_happens_to_say_result_does_not_stand_for_a_tag(tmp_path):
+    # the detail is free text (a local worker's stderr, a state reason): only the backend's
+    # tagged_result says the instance tagged itself, so the result stored beside the log still decides
+    opened: list[str] = []
+    driver, backend = untagged_driver(tmp_path, opened)
+    (instance,) = backend.instances
+    detail = "exit code 1: ValueError: bad config line 'result=loss'"
+    backend.instances = [replace(instance, state=InstanceState.FAILED, detail=detail)]
+    result = store(driver, instance.instance_id, RESULT_FILE, "done\n")
+
+    assert isinstance(driver.step(), Finished)
+    assert result in opened

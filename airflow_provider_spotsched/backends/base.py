@@ -135,6 +135,11 @@ class InstanceStatus:
     command that failed on an instance unable to tag itself looks like too; any other
     ``PREEMPTED`` is the cloud's own report, which a ``failed-<code>`` the command left as the
     shutdown ended it does not override.
+
+    ``tagged_result`` is the result the instance tagged or labelled itself with (``done`` or
+    ``failed-<code>``; "" for none, and on a backend with no tags): the run driver reads the result
+    stored beside the log only where it is "", and must not guess it from ``detail``, free text
+    that may hold anything (a state reason, a log tail).
     """
 
     instance_id: str
@@ -142,6 +147,7 @@ class InstanceStatus:
     state: InstanceState
     detail: str = ""
     inferred: bool = False
+    tagged_result: str = ""
 
     @property
     def spot(self) -> bool:

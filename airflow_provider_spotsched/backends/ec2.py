@@ -266,7 +266,8 @@ class Ec2Backend(CloudBackend[_Instance, _Instance]):
         statuses = []
         for instance in sorted(instances, key=self._oldest_first):
             state = _state(instance)
-            statuses.append(InstanceStatus(instance.instance_id, instance.pool, state, _detail(instance), _inferred(instance, state)))
+            statuses.append(InstanceStatus(instance.instance_id, instance.pool, state, _detail(instance), _inferred(instance, state),
+                                           instance.tags.get(TAG_RESULT, "")))
         return JobStatus(job.job_id, tuple(statuses))
 
     def _live(self, instance: _Instance) -> bool:

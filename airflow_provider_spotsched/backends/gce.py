@@ -279,7 +279,7 @@ class GceBackend(CloudBackend[_Vm, str]):
         for vm in sorted(vms, key=self._oldest_first):
             state, detail = self._state(vm, preempted)
             inferred = state is InstanceState.PREEMPTED and vm.name not in preempted  # stopped, no operation yet
-            statuses.append(InstanceStatus(vm.name, self._pool(job, vm.pool_tag), state, detail, inferred))
+            statuses.append(InstanceStatus(vm.name, self._pool(job, vm.pool_tag), state, detail, inferred, vm.labels.get(LABEL_RESULT, "")))
         for name, when in sorted(preempted.items()):
             if name not in listed:
                 pool = self._pool(job, _pool_tag_of(name))

@@ -322,8 +322,8 @@ class RunDriver:
         its tag or label lacks one (module docstring); each instance is looked up once."""
         instances = []
         for instance in status.instances:
-            # the backends' detail names a result the instance tagged itself with: that one counts, unread
-            if instance.state in (InstanceState.PREEMPTED, InstanceState.FAILED) and "result=" not in instance.detail:
+            # a result the instance tagged itself with counts, unread
+            if instance.state in (InstanceState.PREEMPTED, InstanceState.FAILED) and not instance.tagged_result:
                 result = self._stored_result(instance.instance_id)
                 if instance.state is InstanceState.PREEMPTED and not instance.inferred and result != "done":
                     result = ""  # the preemption's shutdown ended the command before the script saw the stop
