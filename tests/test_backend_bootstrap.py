@@ -116,6 +116,8 @@ def test_bad_environments_are_refused_with_the_fix():
         ({"KEY_FILE": "-----BEGIN RSA PRIVATE KEY-----"}, "service account"),
         ({"bad-name": "1"}, "not a shell variable name"),
         ({"BIG": "x" * 20000}, "over 16384"),
+        ({"SPOTSCHED_METADATA_TIMEOUT_S": "10s"}, r"SPOTSCHED_METADATA_TIMEOUT_S.*not a number of seconds > 0"),
+        ({"SPOTSCHED_METADATA_TIMEOUT_S": "0"}, "not a number of seconds > 0"),
     ):
         job = TrainingJob("job-1", ("train",), "ckpt", ("a",), env=env)
         with pytest.raises(BackendError, match=message):

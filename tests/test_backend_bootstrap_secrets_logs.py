@@ -13,15 +13,17 @@ import base64
 import json
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import boto3
 import pytest
 
 from airflow_provider_spotsched.backends.base import BackendError, TrainingJob
-from airflow_provider_spotsched.backends.bootstrap import EXIT_NO_SECRET, HF_TOKEN_SECRET, startup_script
+from airflow_provider_spotsched.backends.bootstrap import EXIT_NO_SECRET, HF_TOKEN_SECRET, METADATA_TIMEOUT_ENV, startup_script
 from airflow_provider_spotsched.runtime.contract import RESULT_FILE, log_uri, read_log_tail, read_result
 from tests.loopback_http import QuietHandler, serving
 from tests.moto_server import FAKE_CREDENTIALS, moto_endpoint  # noqa: F401 (a fixture)
@@ -336,3 +338,97 @@ def test_a_command_that_fails_while_the_cloud_takes_the_instance_back_reports_no
         assert returncode == 1 and (tmp_path / "powered-off").exists()
         assert read_result(checkpoint, name) == "failed-1"
         assert "failed-1" in lines(tmp_path / "cli")[-1]
+
+
+# A metadata read the test lets hang is answered by nothing until the test ends; the script gives up after this.
+LIMIT_S = "0.5"
+
+
+@contextmanager
+def metadata_that_hangs(hangs: Callable[[str], bool]) -> Iterator[str]:
+    """Serve both clouds' metadata (an instance, a two-instance rendezvous) on loopback; a request
+    whose path ``hangs`` is accepted and never answered. Yields the base URL."""
+    rendezvous = {**RENDEZVOUS, "world-size": "2", "master-addr": "10.0.0.2", "master-port": "29500"}
+    released = threading.Event()
+
+    class Metadata(QuietHandler):
+        def do_PUT(self) -> None:
+            if not hangs(self.path):
+                self.reply(200, "imds-token")
+            else:
+                released.wait(30)
+
+        def do_GET(self) -> None:
+            values = {
+                "/latest/meta-data/instance-id": "i-0abc",
+                "/latest/meta-data/placement/region": "eu-west-1",
+                "/computeMetadata/v1/instance/name": INSTANCE,
+                "/computeMetadata/v1/instance/zone": "projects/1/zones/us-central1-a",
+                **{f"/latest/meta-data/tags/instance/spotsched:{k}": v for k, v in rendezvous.items()},
+                **{f"/computeMetadata/v1/instance/attributes/spotsched-{k}": v for k, v in rendezvous.items()},
+            }
+            if not hangs(self.path):
+                value = values.get(self.path)
+                self.reply(200 if value is not None else 404, value or "not found")
+            else:
+                released.wait(30)
+
+    with serving(Metadata) as url:
+        try:
+            yield url
+        finally:
+            released.set()
+
+
+def script_functions(tmp_path: Path, provider: str, url: str, **env: str) -> str:
+    """The start-up script's settings and metadata helpers, without its log upload and loop."""
+    env = {"SPOTSCHED_METADATA_URL": url, METADATA_TIMEOUT_ENV: LIMIT_S, **env}
+    job = TrainingJob("job-1", ("true",), str(tmp_path / "ckpt"), ("a",), env=env)
+    return startup_script(job, provider).split("\nLOGS_URI=")[0]  # type: ignore[arg-type]
+
+
+def timed(script: str) -> tuple[int, float]:
+    """Run ``script`` with bash: its exit status and the seconds it took."""
+    start = time.monotonic()
+    returncode = subprocess.run(["bash", "-c", script], capture_output=True, timeout=10).returncode
+    return returncode, time.monotonic() - start
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_a_metadata_server_that_never_answers_fails_the_read_within_its_limit(tmp_path, provider):
+    """A server that accepts and never answers once held the script (and the billed instance) forever."""
+    with metadata_that_hangs(lambda path: True) as url:
+        returncode, seconds = timed(script_functions(tmp_path, provider, url) + "\ninstance_name")
+        assert returncode != 0 and seconds < 3.0, "gives up after SPOTSCHED_METADATA_TIMEOUT_S (0.5 s)"
+        # a caller's own --max-time comes after the default, and curl keeps an option's last value
+        helper = "imds" if provider == "aws" else "md"
+        patient = script_functions(tmp_path, provider, url, **{METADATA_TIMEOUT_ENV: "60"})
+        returncode, seconds = timed(f"{patient}\n{helper} instance-id --max-time 0.3")
+        assert returncode != 0 and seconds < 3.0, "the caller's shorter limit applies"
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_a_rendezvous_read_that_times_out_is_polled_again_not_started_without_its_master(tmp_path, provider):
+    """The first read of the master's address hangs: the script must not start the command with an
+    empty MASTER_ADDR (torchrun would fail, and the job with it), but read the rendezvous again."""
+    hung: list[str] = []
+
+    def first_master_read(path: str) -> bool:
+        if path.endswith("master-addr") and not hung:
+            hung.append(path)
+            return True
+        return False
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "aws" if provider == "aws" else "gcloud", f'#!/bin/bash\necho "$@" >> {tmp_path}/cli\n')
+    command = ("bash", "-c", 'echo "${MASTER_ADDR:-}:${MASTER_PORT:-}" >> "$OUT/master"')
+    env = job_env(tmp_path, bin_dir, "", 0, **{METADATA_TIMEOUT_ENV: LIMIT_S})
+    with metadata_that_hangs(first_master_read) as url:
+        job = TrainingJob("job-1", command, str(tmp_path / "ckpt"), ("a",), env={**env, "SPOTSCHED_METADATA_URL": url})
+        result = run_script(tmp_path, job, provider)
+
+    assert hung, "the first read of master-addr hung"
+    assert result.returncode == 0 and (tmp_path / "powered-off").exists()
+    assert lines(tmp_path / "master") == ["10.0.0.2:29500"], "started once, with its master"
+    assert "done" in lines(tmp_path / "cli")[-1]

@@ -31,6 +31,12 @@ generation, which the backend publishes after replacing the lost capacity.
 ``shutdown -h now``) in ``job.env`` change where the command's output goes and how the instance
 powers off; ``SPOTSCHED_METADATA_URL`` changes the metadata server (as for the runtime).
 
+Every metadata read gives up after ``SPOTSCHED_METADATA_TIMEOUT_S`` (:data:`METADATA_TIMEOUT_S`;
+curl's ``--max-time``, which a caller's own later ``--max-time`` overrides, as curl keeps an
+option's last value): a metadata server that accepts the connection and never answers would
+otherwise hold the script, and the instance would sit billed doing nothing. A read that gives up
+is a failed read: the loop polls on, and starts a generation only once every field it needs was read.
+
 The script carries no credential: the instance reaches its checkpoint store and reports its
 result with the identity the cloud gives it (an instance profile or a service account).
 
@@ -89,6 +95,12 @@ _URL_SECRET_PARAMETER = re.compile(r"[?&][^=&#]*(?:secret|token|key|sig|credenti
 HF_TOKEN_SECRET = "SPOTSCHED_HF_TOKEN_SECRET"
 """The ``job.env`` name of the Hugging Face token's secret reference (see the module docstring)."""
 
+METADATA_TIMEOUT_ENV = "SPOTSCHED_METADATA_TIMEOUT_S"
+"""The ``job.env`` name of the seconds a metadata read may take (tests set it low)."""
+
+METADATA_TIMEOUT_S = 10
+"""Metadata servers answer in milliseconds; this is a bound on a hung one, not an expected wait."""
+
 EXIT_NO_SECRET = 78
 """EX_CONFIG: the command did not start because its secret could not be read on the instance."""
 
@@ -98,13 +110,19 @@ SECRET_REFERENCES = {
 }
 """What a secret reference looks like on each cloud: the only secret-named entry ``job.env`` may hold."""
 
+_METADATA_LIMIT = r"""
+# every metadata read gives up after this many seconds (a hung server must not hold the instance, billed)
+METADATA_LIMIT=(--max-time "${SPOTSCHED_METADATA_TIMEOUT_S:-__METADATA_TIMEOUT_S__}")
+"""
+
 _AWS_FUNCTIONS = r"""
 IMDS=${SPOTSCHED_METADATA_URL:-http://169.254.169.254}
-# imds PATH [CURL_OPTION...]
+# imds PATH [CURL_OPTION...]: each request bounded; a caller's --max-time comes later and wins
 imds() {
   local token
-  token=$(curl -sf "${@:2}" -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 300" "$IMDS/latest/api/token") || return 1
-  curl -sf "${@:2}" -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/$1"
+  token=$(curl -sf "${METADATA_LIMIT[@]}" "${@:2}" -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 300" "$IMDS/latest/api/token") \
+    || return 1
+  curl -sf "${METADATA_LIMIT[@]}" "${@:2}" -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/$1"
 }
 rendezvous() { imds "tags/instance/spotsched:$1"; }
 instance_name() { imds instance-id; }
@@ -118,8 +136,8 @@ tag_result() {
 
 _GCP_FUNCTIONS = r"""
 MD=${SPOTSCHED_METADATA_URL:-http://metadata.google.internal}
-# md PATH [CURL_OPTION...]
-md() { curl -sf "${@:2}" -H "Metadata-Flavor: Google" "$MD/computeMetadata/v1/instance/$1"; }
+# md PATH [CURL_OPTION...]: bounded; a caller's --max-time comes later and wins
+md() { curl -sf "${METADATA_LIMIT[@]}" "${@:2}" -H "Metadata-Flavor: Google" "$MD/computeMetadata/v1/instance/$1"; }
 rendezvous() { md "attributes/spotsched-$1"; }
 instance_name() { md name; }
 # Compute Engine is preempting this VM
@@ -144,7 +162,7 @@ read_secret() {
 read_secret() {
   local token
   token=$(md service-accounts/default/token | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') || return 1
-  curl -sf -H "Authorization: Bearer $token" "${SPOTSCHED_SM_ENDPOINT:-https://secretmanager.googleapis.com}/v1/$1:access" \
+  curl -sf --max-time 60 -H "Authorization: Bearer $token" "${SPOTSCHED_SM_ENDPOINT:-https://secretmanager.googleapis.com}/v1/$1:access" \
     | python3 -c 'import base64,json,sys; sys.stdout.write(base64.b64decode(json.load(sys.stdin)["payload"]["data"]).decode())'
 }
 """,
@@ -216,8 +234,9 @@ while true; do
     rank=$(rendezvous rank || true); size=$(rendezvous world-size || true)
     addr=$(rendezvous master-addr || true); port=$(rendezvous master-port || true)
     # The tags of one generation are written in one call; a generation that changed while we
-    # read them is read again on the next turn.
-    if [ -n "$rank" ] && [ -n "$size" ] && [ "$(rendezvous generation || true)" = "$seen" ]; then
+    # read them, or a field a read missed (a metadata server that timed out), is read again on the next turn.
+    if [ -n "$rank" ] && [ -n "$size" ] && { [ "$size" -le 1 ] || { [ -n "$addr" ] && [ -n "$port" ]; }; } \
+      && [ "$(rendezvous generation || true)" = "$seen" ]; then
       stop_child
       generation=$seen
       export RANK=$rank WORLD_SIZE=$size SPOTSCHED_GENERATION=$generation
@@ -303,6 +322,10 @@ def startup_script(job: TrainingJob, provider: Provider, *, poll_seconds: int = 
     secret = job.env.get(HF_TOKEN_SECRET)
     if secret is not None:
         check_secret_reference(provider, secret)
+    timeout = str(job.env.get(METADATA_TIMEOUT_ENV, METADATA_TIMEOUT_S))
+    if not re.fullmatch(r"\d+(\.\d+)?", timeout) or float(timeout) <= 0:
+        # curl would refuse every metadata read: the script would poll on and never start the command
+        raise BackendError(f"job.env[{METADATA_TIMEOUT_ENV!r}]={timeout!r} is not a number of seconds > 0; give e.g. '10'")
     env = {**job.env, "SPOTSCHED_NOTICE": provider, "SPOTSCHED_JOB_ID": job.job_id}
     for name in env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -316,6 +339,7 @@ def startup_script(job: TrainingJob, provider: Provider, *, poll_seconds: int = 
         f"# spotsched bootstrap for job {job.job_id}: see airflow_provider_spotsched/backends/bootstrap.py\n"
         f"{exports}\n"
         f"COMMAND=({command})\n"
+        + _METADATA_LIMIT.replace("__METADATA_TIMEOUT_S__", str(METADATA_TIMEOUT_S))
         + (_AWS_FUNCTIONS if provider == "aws" else _GCP_FUNCTIONS)
         + (_READ_SECRET[provider] + _SECRETS.replace("__EXIT_NO_SECRET__", str(EXIT_NO_SECRET)) if secret else "")
         + _LOG_UPLOAD.replace("__LOGS_URI__", logs_uri).replace("__LOG_FILE__", LOG_FILE)
