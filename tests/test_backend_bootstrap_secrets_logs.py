@@ -432,3 +432,30 @@ def test_a_rendezvous_read_that_times_out_is_polled_again_not_started_without_it
     assert result.returncode == 0 and (tmp_path / "powered-off").exists()
     assert lines(tmp_path / "master") == ["10.0.0.2:29500"], "started once, with its master"
     assert "done" in lines(tmp_path / "cli")[-1]
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_an_instance_name_read_that_times_out_is_tried_again_so_the_result_lands_where_it_is_read(tmp_path, provider):
+    """The log and the result go under the instance's name, where the run looks them up: a first read
+    that timed out must not leave them under the host name (an EC2 host name is not the instance id)."""
+    hung: list[str] = []
+    name_path = "/latest/meta-data/instance-id" if provider == "aws" else "/computeMetadata/v1/instance/name"
+
+    def first_name_read(path: str) -> bool:
+        if path == name_path and not hung:
+            hung.append(path)
+            return True
+        return False
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "aws" if provider == "aws" else "gcloud", f'#!/bin/bash\necho "$@" >> {tmp_path}/cli\n')
+    env = job_env(tmp_path, bin_dir, "", 0, **{METADATA_TIMEOUT_ENV: LIMIT_S})
+    checkpoint = str(tmp_path / "ckpt")
+    with metadata_that_hangs(first_name_read) as url:
+        job = TrainingJob("job-1", ("bash", "-c", WORKER), checkpoint, ("a",), env={**env, "SPOTSCHED_METADATA_URL": url})
+        result = run_script(tmp_path, job, provider)
+
+    assert hung, "the first read of the instance's name hung"
+    assert result.returncode == 0, result.stderr
+    assert read_result(checkpoint, "i-0abc" if provider == "aws" else INSTANCE) == "done"

@@ -183,7 +183,16 @@ with_hf_token() {
 
 _LOG_UPLOAD = r"""
 LOGS_URI=__LOGS_URI__
-INSTANCE_URI="$LOGS_URI/$(instance_name || hostname)"
+# The instance's name places its log and result where the backend looks: a read that timed out is tried again.
+instance_id() {
+  local name _
+  for _ in 1 2 3 4 5 6; do
+    name=$(instance_name) && [ -n "$name" ] && { echo "$name"; return 0; }
+    sleep 1
+  done
+  hostname
+}
+INSTANCE_URI="$LOGS_URI/$(instance_id)"
 LOG_URI="$INSTANCE_URI/__LOG_FILE__"
 # upload FILE URI: copy FILE to the checkpoint store with the instance's identity
 upload() {
