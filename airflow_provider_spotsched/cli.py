@@ -338,9 +338,10 @@ def _check_same_flags(stored: Mapping[str, Any], given: Mapping[str, Any], state
 
     A flag the stored run lacks is not compared: a run stored before it was (the config's digest,
     say) re-attaches as before. Paths compare resolved; a run stored before they were stored
-    resolved has them as typed, and those resolve from here, as the text comparison read them."""
+    resolved has them as typed, and those resolve from here, as the text comparison read them.
+    ``--command`` compares as the argument list it runs (:func:`_command_argv`), not as typed."""
     stored = {**stored, **{flag: _absolute(stored[flag]) for flag in PATH_FLAGS if stored.get(flag)}}
-    differ = [flag for flag in given if flag in stored and stored[flag] != given[flag]]
+    differ = [flag for flag in given if flag in stored and not _same_flag(flag, stored[flag], given[flag])]
     if CONFIG_CONTENT in differ and ("--training-config" in differ or given[CONFIG_CONTENT] is None):
         # another file, whose content says nothing more; or the same file since removed (a temporary
         # config): the run goes on with the copy it wrote under its checkpoint URI, which nobody edited
@@ -355,6 +356,22 @@ def _check_same_flags(stored: Mapping[str, Any], given: Mapping[str, Any], state
     fix = " ".join(_flag_text(flag, stored[flag], as_option=True) for flag in differ)
     raise InputError(f"the stored run {state_file.stem} was started with other flags ({what}); "
                      f"give {fix}, or remove {state_file} to start a new run")
+
+
+def _same_flag(flag: str, stored: Any, given: Any) -> bool:
+    """Whether a stored flag's value and the one given run the same: two training commands that
+    split into the same arguments do, however they were spaced or quoted."""
+    if flag == "--command" and stored and given:
+        return _command_argv(stored) == _command_argv(given)
+    return bool(stored == given)
+
+
+def _command_argv(command: str) -> list[str]:
+    """The arguments a --command runs as (split as a shell splits words, no shell started)."""
+    try:
+        return shlex.split(command)
+    except ValueError as exc:  # an unclosed quote, a trailing backslash
+        raise InputError(f"--command {command}: cannot be split into arguments ({exc}); close its quotes") from None
 
 
 def _flag_text(flag: str, value: Any, as_option: bool = False) -> str:
@@ -398,7 +415,7 @@ def _start_run(
             if learnt is None:
                 print(f"selector: {selector_file} does not exist yet; starting a fresh selector")
         if args.training_command:
-            command = shlex.split(args.training_command)
+            command = _command_argv(args.training_command)
             driver = RunDriver.start(env, config, lambda uri: command, checkpoint_uri, persist, learnt, load)
         else:
             training_config = _read_json(args.training_config)

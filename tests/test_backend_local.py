@@ -383,14 +383,19 @@ def test_a_supervisor_told_to_stop_kills_a_trainer_that_outlives_its_shell(make_
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="shifts psutil's Linux boot time")
-def test_a_process_stays_ours_when_the_wall_clock_is_stepped(monkeypatch):
-    """psutil adds the boot time, in whole seconds, to a create time: a small NTP step can move it by 1 s."""
+@pytest.mark.parametrize("step", [1.0, 30.0, -3600.0])
+def test_a_process_stays_ours_when_the_wall_clock_is_stepped(monkeypatch, step):
+    """psutil adds the boot time to a create time, and a step of the wall clock (NTP, a VM's clock
+    catching up after a pause) moves it by the step: a live supervisor read as gone would get a
+    second one beside it, which would end the live workers as strays."""
     started = create_time(os.getpid())
+    wall = psutil.Process(os.getpid()).create_time()  # what a record written before held
     boot_time = psutil._pslinux.boot_time
-    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: boot_time() + 1.0)
-    assert create_time(os.getpid()) != started
-    assert is_alive(os.getpid(), started)
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: boot_time() + step)
+    assert is_alive(os.getpid(), started) and create_time(os.getpid()) == pytest.approx(started)
     assert not is_alive(os.getpid(), started - 60.0)  # a recycled pid: another process
+    monkeypatch.setattr(psutil._pslinux, "boot_time", boot_time)
+    assert is_alive(os.getpid(), wall)
 
 
 def test_a_supervisor_told_to_stop_ends_its_workers_and_reconcile_resumes_them(make_harness):

@@ -239,6 +239,32 @@ def test_a_rerun_compares_paths_by_the_file_they_name_not_as_typed(tmp_path, cap
     assert main(with_flag(args, "--checkpoint-uri", "../checkpoint")) == 0
 
 
+def test_a_rerun_compares_the_command_by_the_arguments_it_runs_not_as_typed(tmp_path, capsys):
+    """The workers run shlex.split(--command): other spacing or quoting of the same arguments is the same run."""
+    job = write_job(tmp_path)
+    args = run_args(tmp_path, job, "--policy", "uniform-progress")
+    assert main(args) == 0
+    capsys.readouterr()
+    command = args[args.index("--command") + 1]
+    program, rest = command.split(" ", 1)
+    retyped = f"'{program}'   " + rest.replace(" --config ", ' "--config" ')
+    assert main(with_flag(args, "--command", retyped)) == 0, capsys.readouterr().err
+    assert "re-attaching to job small-job" in capsys.readouterr().out
+
+    state_file = tmp_path / "work" / "runs" / "small-job.json"
+    stored = state_file.read_text()
+    joined = command.replace(" --config ", " '--config x' ")  # one argument where the run has two
+    assert main(with_flag(args, "--command", joined)) == 2
+    err = capsys.readouterr().err
+    assert f"--command: stored {command}, given {joined}" in err and f"give --command '{command}'" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(with_flag(args, "--command", command + " 'unclosed")) == 2
+    err = capsys.readouterr().err
+    assert err == (f"spotsched run: error: --command {command} 'unclosed: cannot be split into arguments "
+                   "(No closing quotation); close its quotes\n")
+    assert state_file.read_text() == stored, "nothing was decided or stored"
+
+
 def test_a_rerun_whose_training_config_file_was_edited_is_refused(tmp_path, capsys):
     job = write_job(tmp_path)
     args = run_args(tmp_path, job, "--policy", "uniform-progress")

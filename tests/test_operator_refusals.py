@@ -141,6 +141,29 @@ def test_the_solver_operator_refuses_less_history_than_its_market_read_needs_whe
         SpotAllocationSolverOperator(task_id="solve", market="gcp", slot_hours=slot_hours, history_hours=history_hours)
 
 
+def test_the_solver_operator_checks_the_history_against_the_jobs_slot_length_not_its_own():
+    """The run decides in the job's slots (its slot_hours overrides the operator's): 30 h of history
+    cannot hold the slot before at's for 48-h slots, and is plenty for 2-h ones."""
+    job = {"work": 100.0, "deadline_hours": 96.0, "max_instances": 1, "value": 100.0}
+    with pytest.raises(ValueError, match=r"^history_hours=30: a forecast needs 2 slots of 48 h .* give history_hours >= 48$"):
+        SpotAllocationSolverOperator(task_id="solve", market="gcp", job={**job, "slot_hours": 48}, history_hours=30)
+    SpotAllocationSolverOperator(task_id="solve", market="gcp", job={**job, "slot_hours": 2}, slot_hours=48, history_hours=30)
+    with pytest.raises(JobError, match=r"^slot_hours=0: must be >= 0.0166667"):
+        SpotAllocationSolverOperator(task_id="solve", market="gcp", job={**job, "slot_hours": 0}, history_hours=30)
+
+
+def test_the_solver_operator_checks_a_templated_slot_length_when_the_task_starts(monkeypatch):
+    """Text may be a template: it renders only when the task runs, and is checked then, before the market is read."""
+    job = {"work": 100.0, "deadline_hours": 96.0, "max_instances": 1, "throughput": {"alpha": 10.0}, "value": 100.0,
+           "slot_hours": "{{ params.slot }}"}
+    op = SpotAllocationSolverOperator(task_id="solve", market="gcp", job=job, pools="us-east4-a", history_hours=30, job_id="t",
+                                      at=MARKET_START)
+    op.job = {**job, "slot_hours": "48"}  # as rendered
+    monkeypatch.setattr("airflow_provider_spotsched.operators.solver.slot_market_at", pytest.fail)
+    with pytest.raises(ValueError, match=r"^history_hours=30.0: a forecast needs 2 slots of 48 h .* give history_hours >= 48$"):
+        op.execute({"ti": None})
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"max_instances": 3}, r"^training_config's batch_size=4 is split evenly .* a world size of 3 \(max_instances=3\)"),
 ])

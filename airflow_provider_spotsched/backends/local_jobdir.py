@@ -43,7 +43,7 @@ class WorkerRecord:
     detail: str = ""
     rank: int | None = None
     pid: int | None = None
-    started: float | None = None  # the process's create time: a recycled pid is not ours
+    started: float | None = None  # the process's start (local_processes.create_time): a recycled pid is not ours
     generation: int = -1
     stop_reason: str | None = None
     notice_at: float | None = None

@@ -4,7 +4,7 @@ Every supervisor and worker runs in a process group of its own (``start_new_sess
 ``SPOTSCHED_LOCAL_JOBDIR`` in its environment; a worker and every process it starts also carry
 its instance's id (``SPOTSCHED_INSTANCE_ID``), which finds them once the worker itself exited.
 A pid alone is not proof: after a crash it may have been recycled, so a process counts as ours
-only if its create time matches the record (within :data:`CREATE_TIME_TOLERANCE_S`).
+only if its start (:func:`create_time`) matches the record (within :data:`CREATE_TIME_TOLERANCE_S`).
 A zombie (exited, not yet reaped by an init that does not reap) counts as gone.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterable
 
@@ -21,28 +22,40 @@ import psutil
 JOBDIR_MARKER = "SPOTSCHED_LOCAL_JOBDIR"
 JOB_ID_MARKER = "SPOTSCHED_JOB_ID"
 INSTANCE_MARKER = "SPOTSCHED_INSTANCE_ID"
-# psutil's create time is the boot time (whole seconds, reread from /proc/stat at every call) plus
-# the time since boot: a step of the wall clock (NTP) moves the boot time, so a step of under a
-# second can move a live process's create time by one second. A recycled pid needs the pid space
-# to wrap around within the tolerance.
+# On Linux psutil's create time is the boot time (whole seconds, reread from /proc/stat at every
+# call) plus the start since boot (the kernel's clock ticks). Every step of the wall clock (NTP, a
+# VM's clock catching up after a pause) moves the boot time, so a live process's create time moves
+# by the step; its start since boot never moves, and is its identity there. A recycled pid needs
+# the pid space to wrap around within the tolerance (or, after a reboot, a process of that pid
+# started as long after boot, within the tolerance).
+SINCE_BOOT = sys.platform.startswith("linux")
 CREATE_TIME_TOLERANCE_S = 1.5
 
 
 def create_time(pid: int) -> float | None:
-    """The process's create time, the second half of its identity (None if it is gone)."""
+    """The process's start, the second half of its identity (None if it is gone): on Linux in
+    seconds since boot, which no step of the wall clock moves, elsewhere psutil's create time."""
     try:
-        return psutil.Process(pid).create_time()
+        return _start(psutil.Process(pid))
     except psutil.Error:
         return None
 
 
+def _start(process: psutil.Process) -> float:
+    boot = psutil.boot_time() if SINCE_BOOT else 0.0  # read first: psutil 5.9 adds the boot time it read last
+    return process.create_time() - boot
+
+
 def is_alive(pid: int | None, started: float | None) -> bool:
-    """Whether the process ``pid`` created at ``started`` still runs (zombies do not)."""
+    """Whether the process ``pid`` started at ``started`` (:func:`create_time`) still runs (zombies do not).
+
+    A record written before starts were kept since boot holds the wall-clock create time, which
+    still matches (its process stays ours unless the wall clock was stepped since)."""
     if pid is None or started is None:
         return False
     try:
         process = psutil.Process(pid)
-        same = abs(process.create_time() - started) < CREATE_TIME_TOLERANCE_S
+        same = any(abs(value - started) < CREATE_TIME_TOLERANCE_S for value in (_start(process), process.create_time()))
         return same and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False

@@ -61,7 +61,8 @@ class SpotAllocationSolverOperator(BaseOperator):
         continued run keeps the id in its ``run_state``).
     :param history_hours: hours of market history to read before ``at``: a day or more (the
         market is read as the forecast operator reads it, whatever the policy), at least one slot
-        before ``at``'s where a slot is longer; checked against ``slot_hours`` when the DAG is parsed.
+        before ``at``'s where a slot is longer; checked against the job's ``slot_hours`` (else this
+        operator's) when the DAG is parsed, or when the task starts if a template gives it.
     """
 
     template_fields: Sequence[str] = ("run_state", "forecast", "work_done", "at", "pools", "job", "policy_params")
@@ -93,7 +94,10 @@ class SpotAllocationSolverOperator(BaseOperator):
             raise JobError(f"policy={policy!r}: not a registered policy; choose one of {sorted(POLICIES)}")
         check_field("slot_hours", slot_hours)
         as_number("history_hours", history_hours)  # text or a bool refused as such
-        check_history_hours(history_hours, slot_hours)  # the market is read as a forecast reads it: a day or more
+        run_slot_hours = parsed_slot_hours(job, slot_hours)
+        if isinstance(run_slot_hours, (int, float)):  # text may be a template: _start checks it once rendered
+            check_field("slot_hours", run_slot_hours)
+            check_history_hours(history_hours, run_slot_hours)  # the market is read as a forecast reads it: a day or more
         self.slot_hours, self.job_id, self.history_hours = float(slot_hours), job_id, float(history_hours)
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -120,6 +124,7 @@ class SpotAllocationSolverOperator(BaseOperator):
         if not fields or not self.pools:
             raise JobError("give job (the spec's job fields) and pools to start a run, or run_state to continue one")
         job = Job.from_dict({**fields, "slot_hours": fields.get("slot_hours", self.slot_hours)})
+        check_history_hours(self.history_hours, job.slot_hours)  # as __init__ does, for a slot length rendered only now
         config = RunConfig(
             job_id=self.job_id or new_job_id(context["ti"]),
             job=job,
@@ -185,6 +190,15 @@ class GivenForecasts(Forecaster):
             available=np.array([p["available"][:horizon] for p in pools], float).T,
             models=tuple(str(p["model"]) for p in pools),
         )
+
+
+def parsed_slot_hours(job: Mapping[str, Any] | str | None, slot_hours: float) -> object:
+    """The slot length a run started from ``job`` decides in, as known when the DAG is parsed: the
+    job's ``slot_hours``, which overrides the operator's (:meth:`SpotAllocationSolverOperator._start`),
+    else the operator's; ``None`` for a job in text, which a template renders only when the task runs."""
+    if isinstance(job, Mapping):
+        return job.get("slot_hours", slot_hours)
+    return None if job else slot_hours
 
 
 def check_forecast(document: Mapping[str, Any], run: OnlineRun, at: datetime) -> None:
