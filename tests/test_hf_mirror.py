@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from fsspec.implementations.local import LocalFileSystem
 from transformers import TrainerControl, TrainerState
 
@@ -274,6 +275,33 @@ def test_progress_names_the_checkpoints_directory_in_the_store(tmp_path: Path) -
     resumed.resume_checkpoint()
     resumed.write_progress(world, TrainerState(max_steps=6, is_world_process_zero=True), "running")
     assert read_progress(f"local://{store}").checkpoint == named
+
+@pytest.mark.parametrize("in_store", [True, False], ids=["store", "disk"])
+def test_the_checkpoint_and_resumed_events_name_the_checkpoints_directory_in_the_store(
+        tmp_path: Path, in_store: bool) -> None:
+    """The events said checkpoint-N, the staging copy's name, which a user reading the run log could not find in
+    the store (checkpoint-N.<upload id>); on a local disk they keep the name the checkpoint has there."""
+    uri, world = f"local://{tmp_path / 'store'}" if in_store else str(tmp_path / "disk"), \
+        SimpleNamespace(should_save=True, world_size=1)
+    events: list[dict[str, Any]] = []
+
+    def callback(machine: str) -> SpotCallback:
+        return SpotCallback(uri, staging_dir=tmp_path / machine if in_store else None,
+                            emit=lambda event, **fields: events.append({"event": event, **fields}))
+
+    saver = callback("machine-a")
+    (saver.output_dir / "checkpoint-3").mkdir(parents=True)
+    (saver.output_dir / "checkpoint-3" / "adapter_model.safetensors").write_bytes(b"weights")
+    saver.on_save(world, TrainerState(global_step=3, max_steps=6, is_world_process_zero=True), TrainerControl())
+    callback("machine-b").resume_checkpoint()
+    named = read_progress(uri).checkpoint
+    assert [(event["event"], event.get("name", event.get("checkpoint"))) for event in events] == [
+        ("checkpoint", named), ("resumed", named)]
+    if in_store:
+        assert named is not None and named.startswith("checkpoint-3.")
+        assert (tmp_path / "store" / "checkpoints" / named / MANIFEST).is_file()
+    else:
+        assert named == "checkpoint-3"
 
 RANK_SAVES = """
 import sys
