@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from fsspec.implementations.local import LocalFileSystem
 from transformers import TrainerControl, TrainerState
 
@@ -19,7 +20,13 @@ from airflow_provider_spotsched.runtime import hf_checkpoints
 from airflow_provider_spotsched.runtime.contract import read_progress
 from airflow_provider_spotsched.runtime.hf_callback import SpotCallback
 from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, verify, write_manifest
-from airflow_provider_spotsched.runtime.hf_mirror import CheckpointMirror, is_remote, staging_directory, stored_step
+from airflow_provider_spotsched.runtime.hf_mirror import (
+    CheckpointMirror,
+    is_remote,
+    staging_directory,
+    stored_generation,
+    stored_step,
+)
 
 
 class RecordingFileSystem(LocalFileSystem):
@@ -205,6 +212,55 @@ def test_two_generations_saving_the_same_step_at_once_leave_only_complete_checkp
 
 
 
+def test_an_older_generations_cut_off_upload_goes_once_a_newer_one_completes_its_step(tmp_path: Path, monkeypatch) -> None:
+    """Generation 1 was preempted while uploading step 8, the job's last; generation 2 resumed and completed step 8.
+    No higher step ever came to prune generation 1's upload, and a prune kept it for ever as "maybe still running".
+    The generation is in the upload's name (its manifest, last, never came), so a prune can tell it is stale."""
+    monkeypatch.setenv("SPOTSCHED_GENERATION", "2")
+    mirror, local, store, _ = mirror_in(tmp_path)
+    folder = store / "checkpoints"
+    for cut_off in ("checkpoint-8.g1-0badc0de", "checkpoint-8.g2-0000beef", "checkpoint-8.g3-00c0ffee",
+                    "checkpoint-8.00000001", "checkpoint-12.g1-0badc0de"):
+        (folder / cut_off).mkdir(parents=True)
+        (folder / cut_off / "adapter_model.safetensors").write_bytes(b"half")
+    stored = mirror.upload_checkpoint(saved(local, 8))
+    assert stored.startswith("checkpoint-8.g2-") and stored_generation(stored) == 2
+    assert mirror.prune(local / "checkpoints", keep=1, keeping=stored) == ["checkpoint-8.g1-0badc0de"]
+    # kept: this generation's own and a newer one's (either may still be uploading), one that names no
+    # generation, and generation 1's of a step no newer generation completed
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [stored, "checkpoint-8.g2-0000beef", "checkpoint-8.g3-00c0ffee", "checkpoint-8.00000001", "checkpoint-12.g1-0badc0de"])
+
+
+def test_a_stale_upload_whose_files_a_prune_removed_never_displaces_the_newer_generations(tmp_path: Path) -> None:
+    """keep=1. Generations 9 (stale) and 10 save step 150 at once: 10's upload and prune land after 9's first file,
+    and the prune removes 9's upload as an older generation's at a step 10 completed. 9 goes on and puts the rest
+    and its manifest: a checkpoint missing a file. Ranked by name ("g9-" after "g10-"), 9's prune then kept it and
+    removed 10's, and the store held nothing usable; of one step the newest generation's now ranks first."""
+    store = tmp_path / "store"
+
+    def writer(name: str, generation: int | None, meanwhile: Callable[[], None] | None = None) -> CheckpointMirror:
+        mirror = CheckpointMirror(f"local://{store}", tmp_path / name, lambda message: None)
+        mirror.fs, mirror.generation = InterleavingFileSystem(meanwhile), generation
+        return mirror
+
+    writer("first", 9).upload_checkpoint(saved(tmp_path / "first", 100))
+    new = writer("new", 10)
+
+    def new_generation_saves() -> None:
+        stored = new.upload_checkpoint(saved(tmp_path / "new", 150, b"generation 10's weights"))
+        new.prune(tmp_path / "new" / "checkpoints", keep=1, keeping=stored)
+
+    stale = writer("stale", 9, new_generation_saves)
+    stored = stale.upload_checkpoint(saved(tmp_path / "stale", 150, b"generation 9's weights"))
+    stale.prune(tmp_path / "stale" / "checkpoints", keep=1, keeping=stored)
+
+    output = tmp_path / "fresh" / "checkpoints"
+    chosen, name, skipped = writer("fresh", 11).fetch_latest_valid(output)
+    assert skipped == [] and name is not None and stored_generation(name) == 10
+    assert chosen is not None and (chosen / "adapter_model.safetensors").read_bytes() == b"generation 10's weights"
+
+
 def test_progress_names_the_checkpoints_directory_in_the_store(tmp_path: Path) -> None:
     """progress.json's checkpoint said checkpoint-N, which the store does not hold since each upload has a
     directory of its own (checkpoint-N.<upload id>): it names that directory, after a save and after a resume."""
@@ -219,6 +275,33 @@ def test_progress_names_the_checkpoints_directory_in_the_store(tmp_path: Path) -
     resumed.resume_checkpoint()
     resumed.write_progress(world, TrainerState(max_steps=6, is_world_process_zero=True), "running")
     assert read_progress(f"local://{store}").checkpoint == named
+
+@pytest.mark.parametrize("in_store", [True, False], ids=["store", "disk"])
+def test_the_checkpoint_and_resumed_events_name_the_checkpoints_directory_in_the_store(
+        tmp_path: Path, in_store: bool) -> None:
+    """The events said checkpoint-N, the staging copy's name, which a user reading the run log could not find in
+    the store (checkpoint-N.<upload id>); on a local disk they keep the name the checkpoint has there."""
+    uri, world = f"local://{tmp_path / 'store'}" if in_store else str(tmp_path / "disk"), \
+        SimpleNamespace(should_save=True, world_size=1)
+    events: list[dict[str, Any]] = []
+
+    def callback(machine: str) -> SpotCallback:
+        return SpotCallback(uri, staging_dir=tmp_path / machine if in_store else None,
+                            emit=lambda event, **fields: events.append({"event": event, **fields}))
+
+    saver = callback("machine-a")
+    (saver.output_dir / "checkpoint-3").mkdir(parents=True)
+    (saver.output_dir / "checkpoint-3" / "adapter_model.safetensors").write_bytes(b"weights")
+    saver.on_save(world, TrainerState(global_step=3, max_steps=6, is_world_process_zero=True), TrainerControl())
+    callback("machine-b").resume_checkpoint()
+    named = read_progress(uri).checkpoint
+    assert [(event["event"], event.get("name", event.get("checkpoint"))) for event in events] == [
+        ("checkpoint", named), ("resumed", named)]
+    if in_store:
+        assert named is not None and named.startswith("checkpoint-3.")
+        assert (tmp_path / "store" / "checkpoints" / named / MANIFEST).is_file()
+    else:
+        assert named == "checkpoint-3"
 
 RANK_SAVES = """
 import sys

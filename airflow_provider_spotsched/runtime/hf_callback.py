@@ -202,13 +202,13 @@ class SpotCallback(TrainerCallback):
         saved = json.loads((chosen / MANIFEST).read_text()) if chosen else {}
         if chosen is not None:
             check_resumable(saved.get("resume_shape", {}), self.resume_shape,
-                            f"checkpoint {chosen.name} under {self.checkpoint_uri}")
-            self.check_step_batch(saved, f"checkpoint {chosen.name} under {self.checkpoint_uri}")
+                            f"checkpoint {self.checkpoint_name} under {self.checkpoint_uri}")
+            self.check_step_batch(saved, f"checkpoint {self.checkpoint_name} under {self.checkpoint_uri}")
         self.rollbacks = max(self.rollbacks, int(saved.get("rollbacks", 0)))
         saved_scale = float(saved.get("lr_scale", 1.0))  # what the checkpoint's scheduler state already has
         self.lr_scale = saved_scale if lr_scale is None else lr_scale
         self._lr_factor_due = self.lr_scale / saved_scale
-        self.emit("resumed", checkpoint=chosen.name if chosen else None, step=self.checkpointed_step,
+        self.emit("resumed", checkpoint=self.checkpoint_name, step=self.checkpointed_step,
                   skipped=skipped)
         return str(chosen) if chosen else None
 
@@ -316,7 +316,7 @@ class SpotCallback(TrainerCallback):
         self._save_requested = None
         self._last_save = self._last_step_end = time.monotonic()  # a save is not training time
         self.write_progress(args, state, "preempted" if self.preempted else "running")
-        self.emit("checkpoint", name=f"checkpoint-{step}", kind=kind, step=step,
+        self.emit("checkpoint", name=name, kind=kind, step=step,
                   samples_done=step * self._global_batch, save_s=None if save_s is None else round(save_s, 4),
                   interval_s=round(self.interval.seconds, 3))
 
@@ -435,7 +435,7 @@ class SpotCallback(TrainerCallback):
             raise DivergenceError(f"training diverged ({reason}) before its first checkpoint: nothing to roll back "
                                   "to; lower lr or check the data")
         self.rollbacks += 1
-        self.emit("rollback", reason=reason, checkpoint=Path(resume).name, step=self.checkpointed_step,
+        self.emit("rollback", reason=reason, checkpoint=self.checkpoint_name, step=self.checkpointed_step,
                   lr_scale=self.lr_scale, rollbacks=self.rollbacks)
         return resume
 

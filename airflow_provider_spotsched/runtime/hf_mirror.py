@@ -10,7 +10,8 @@ file matches it.
   in the store, then the manifest, last; a preemption mid-upload leaves a checkpoint without a
   manifest, which no resume takes. Each upload has a store directory of its own, so two writers of
   the same step (a stale generation and the next, for a moment) never mix or overwrite each other's
-  files. The store is then pruned to the K newest complete checkpoints and the one just uploaded.
+  files. The upload id starts with the writer's generation (``g3-``) when it has one. The store is then
+  pruned to the K newest complete checkpoints and the one just uploaded.
 - **down**: on a resume, the newest checkpoint in the store whose manifest is there is downloaded
   to ``checkpoint-N/`` (the Trainer's name) and verified against it on local disk; one that fails
   (a truncated object, a checksum mismatch) is named, skipped and removed, and the next older one
@@ -33,19 +34,29 @@ from typing import Any
 
 import fsspec
 
-from airflow_provider_spotsched.runtime.checkpoint import Unusable
+from airflow_provider_spotsched.runtime.checkpoint import Unusable, writer_generation
 from airflow_provider_spotsched.runtime.hf_checkpoints import MANIFEST, verify
 
 STAGING_ENV = "SPOTSCHED_STAGING_DIR"
 """Where the local copies go (default ``~/.cache/spotsched/staging``): the disk the Trainer writes to."""
-STORED = re.compile(r"^(checkpoint-(\d+))(?:\.[0-9a-f]+)?$")
-"""A checkpoint's directory in the store: the Trainer's ``checkpoint-N``, then its upload's id (none before ids)."""
+STORED = re.compile(r"^(checkpoint-(\d+))(?:\.(?:g(\d+)-)?[0-9a-f]+)?$")
+"""A checkpoint's directory in the store: the Trainer's ``checkpoint-N``, then its upload's id (none before ids),
+``g<generation>-<hex>`` when the writer had a generation, else ``<hex>``."""
 
 
 def stored_step(name: str) -> int | None:
     """The step of a checkpoint directory in the store (``checkpoint-N`` or ``checkpoint-N.<upload id>``)."""
     match = STORED.match(name)
     return int(match.group(2)) if match else None
+
+
+def stored_generation(name: str) -> int | None:
+    """The generation that uploaded a checkpoint directory of the store, from its name; None if it does not say.
+
+    In the name, not only in the manifest: an upload cut off before its manifest must still say whose it was.
+    """
+    match = STORED.match(name)
+    return int(match.group(3)) if match and match.group(3) else None
 
 
 def is_remote(checkpoint_uri: str) -> bool:
@@ -70,6 +81,8 @@ class CheckpointMirror:
         except ImportError as error:  # fsspec names the package of the URL's filesystem
             raise ValueError(f"checkpoint URI {checkpoint_uri!r}: {error} on the training machine") from None
         self.local_root, self.log = local_root, log
+        generation = writer_generation().get("generation", "")
+        self.generation = int(generation) if generation.isascii() and generation.isdigit() else None
 
     def _remote(self, local: Path) -> str:
         return f"{self.root}/{local.relative_to(self.local_root).as_posix()}"
@@ -96,14 +109,18 @@ class CheckpointMirror:
 
         Never into an existing directory: a stale generation saving the same step at the same moment would
         otherwise mix its files with this one's under either's manifest (a checkpoint that looks complete and is
-        corrupt), and a prune of either could remove files the other is uploading.
+        corrupt), and a prune of either could remove files the other is uploading. The writer's generation leads
+        the id, so that a prune can tell an older generation's cut-off upload (:meth:`prune`).
         """
-        name = f"{directory.name}.{uuid.uuid4().hex[:8]}"
+        generation = "" if self.generation is None else f"g{self.generation}-"
+        name = f"{directory.name}.{generation}{uuid.uuid4().hex[:8]}"
         self.upload(directory, name)
         return name
 
     def remote_checkpoints(self, output_dir: Path) -> list[str]:
-        """The checkpoint directories in the store with a manifest, newest step first."""
+        """The checkpoint directories in the store with a manifest, newest step first, and of one step the newest
+        generation's first: a stale writer's upload of that step may lack files that a prune of the newer
+        generation removed (:meth:`prune`), and must neither be resumed from first nor be kept in its place."""
         remote_dir = self._remote(output_dir)
         try:
             entries = self.fs.ls(remote_dir, detail=False)
@@ -112,7 +129,12 @@ class CheckpointMirror:
         names = [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries]
         complete = [name for name in names if STORED.match(name)
                     and self.fs.exists(f"{remote_dir}/{name}/{MANIFEST}")]
-        return sorted(complete, key=lambda name: (stored_step(name) or 0, name), reverse=True)
+
+        def rank(name: str) -> tuple[int, int, str]:
+            generation = stored_generation(name)
+            return stored_step(name) or 0, -1 if generation is None else generation, name
+
+        return sorted(complete, key=rank, reverse=True)
 
     def download(self, output_dir: Path, name: str) -> Path:
         """The store's ``name`` checkpoint as a fresh local ``checkpoint-N`` (an older local copy replaced)."""
@@ -150,6 +172,8 @@ class CheckpointMirror:
         uploaded, which ``progress.json`` is about to name), and incomplete ones older than the newest (their
         upload was cut off). An incomplete one of the newest's step or later stays: another writer may still be
         uploading it, and removing some of its files would leave it corrupt under the manifest it puts last.
+        Unless it is an older generation's at a step that a newer generation completed: no resume can want it, and
+        no later step may ever come to prune it (the job's last step); its writer, if still running, is stale.
 
         ``keeping`` matters when the store holds a newer checkpoint than this run's: one a stale generation
         finished after this one resumed from an older one. Pushed out by it, this run's saves would leave the
@@ -164,10 +188,19 @@ class CheckpointMirror:
         complete = self.remote_checkpoints(output_dir)
         kept = {*complete[:keep], keeping}
         newest = stored_step(complete[0]) if complete else None
+        completed_by: dict[int, int] = {}  # step -> the newest generation that completed it
+        for name in complete:
+            step, generation = stored_step(name), stored_generation(name)
+            if step is not None and generation is not None:
+                completed_by[step] = max(generation, completed_by.get(step, generation))
         for name in names:
             step = stored_step(name)
-            if step is None or name in kept or (name not in complete and (newest is None or step >= newest)):
-                continue  # not a checkpoint, kept, or an upload that may still be running
+            if step is None or name in kept:
+                continue  # not a checkpoint, or kept
+            generation = stored_generation(name)
+            outdone = generation is not None and generation < completed_by.get(step, generation)
+            if name not in complete and (newest is None or step >= newest) and not outdone:
+                continue  # an upload that may still be running
             self.fs.rm(f"{remote_dir}/{name}", recursive=True)
             removed.append(name)
         return removed
