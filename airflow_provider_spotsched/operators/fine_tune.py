@@ -68,6 +68,7 @@ from airflow_provider_spotsched.scheduling.model import (
     as_number,
     check_field,
     check_overhead,
+    check_throughput,
     shown,
 )
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, check_budget
@@ -352,7 +353,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         for name in ("slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):
             check_field(name, getattr(self, name))
         check_overhead(self.reconfig_overhead_hours, self.slot_hours)
-        throughput = self.throughput if isinstance(self.throughput, Mapping) else {}
+        throughput = check_throughput(self.throughput) if isinstance(self.throughput, Mapping) else {}
         given = {"work": self.work, "value": self.value, "min_instances": self.min_instances,
                  "max_instances": self.max_instances, **{f"throughput.{k}": v for k, v in throughput.items()}}
         for name, value in given.items():
@@ -467,9 +468,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         return driver
 
     def _job(self, now: datetime, seconds_per_slot: float) -> Job:
-        throughput = rendered_object("throughput", self.throughput)
-        if throughput is None or "alpha" not in throughput:
-            raise JobError(f'throughput must be {{"alpha": samples/hour per instance, "beta": ...}}, got {self.throughput!r}')
+        throughput = check_throughput(rendered_object("throughput", self.throughput))
         alpha, beta = (
             as_number(f"throughput.{k}", rendered_number(f"throughput.{k}", throughput.get(k, 0.0))) for k in ("alpha", "beta")
         )
