@@ -182,7 +182,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         reads the trace it replays.
     :param backend: ``"local"`` (processes on a replayed market), ``"ec2"`` or ``"gce"``.
     :param compute_conn_id: the backend's connection (``spotsched_local``, ``aws``,
-        ``google_cloud_platform``); ``None`` with ``local`` uses the embedded default.
+        ``google_cloud_platform``); ``None`` with ``local`` uses ``spotsched_local_default``
+        where it exists, else the embedded default.
     :param backend_options: backend settings that win over the connection's (JSON values).
 
     The training:
