@@ -37,12 +37,13 @@ def write_trace(path: Path, before: dict[str, tuple[float, int]], after: dict[st
     return path
 
 
-def trigger(trace: Path, conditions: dict[str, Any], timeout_s: float = 30.0, start: datetime = SWITCH) -> SpotMarketTrigger:
+def trigger(trace: Path, conditions: dict[str, Any], timeout_s: float = 30.0, start: datetime = SWITCH,
+            pools: tuple[str, ...] = ("pool-a", "pool-b")) -> SpotMarketTrigger:
     """A trigger replaying ``trace`` from ``start`` at one slot per second, polling every 0.1 s."""
     now = datetime.now(timezone.utc)
     return SpotMarketTrigger(
         market={"kind": "trace", "options": {"path": str(trace)}},
-        pools=["pool-a", "pool-b"],
+        pools=list(pools),
         conditions=conditions,
         timeout_at=(now + timedelta(seconds=timeout_s)).isoformat(),
         poll_interval=0.1,
@@ -257,6 +258,25 @@ def test_a_watched_pool_without_ticks_counts_as_unavailable_and_no_data_waits_fo
     assert late["reason"] == "timeout" and late["fallback"] == "on-demand"
 
 
+def test_a_pool_the_trace_lacks_is_refused_by_the_sensor_before_it_defers():
+    """A typo'd pool would count as unavailable: the wait would time out and "succeed" on on-demand."""
+    sensor = SpotMarketSensor(task_id="wait", market="gcp", pools=["us-east4-a", "us-east4-z"], price_below=100.0)
+    with pytest.raises(ValueError, match=r"^pools=\['us-east4-a', 'us-east4-z'\]: unknown pool\(s\) \['us-east4-z'\]; "
+                                         r"the market's pools are \[.*'us-east4-a', 'us-east4-b'.*\]$"):
+        sensor.execute({})  # raised, not TaskDeferred
+    missing = {"kind": "trace", "options": {"path": "/nonexistent/missing.csv"}}  # read then too: refused, not skipped
+    with pytest.raises(ValueError, match="missing.csv"):
+        SpotMarketSensor(task_id="wait", market=missing, pools=["pool-a"], price_below=2.0, soft_fail=True).execute({})
+
+
+def test_a_trigger_refuses_at_its_first_observation_when_none_of_its_pools_ticks(tmp_path):
+    """A live market's pools are known only from its ticks: none of the watched ones among them is
+    a typo (one of them silent is still only unavailable, see the test above)."""
+    trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.5, 4)}, {"pool-a": (1.5, 4)})
+    with pytest.raises(ValueError, match=r"^pools=\['pool-z'\]: unknown pool\(s\) \['pool-z'\]; the market's pools are \['pool-a'\]$"):
+        first_payload(trigger(trace, {"price_below": 2.0}, pools=("pool-z",)))
+
+
 @pytest.mark.parametrize("job", ["{{ params.job | tojson }}", {**JOB, "work": "{{ params.work }}", "max_instances": "{{ params.n }}"}])
 def test_a_job_that_a_template_renders_to_text_is_read_back_as_the_job(job):
     """Airflow renders templates to text by default: the whole job as JSON, or numbers inside it."""
@@ -281,13 +301,14 @@ def test_a_job_rendered_to_other_text_is_refused_naming_the_field(job, message):
 
 
 @pytest.mark.parametrize("flag", ["soft_fail", "never_fail", None])
-def test_a_failed_wait_in_the_worker_is_skipped_under_soft_fail_as_a_failed_trigger_is(tmp_path, flag):
+def test_a_failed_wait_in_the_worker_is_skipped_under_soft_fail_as_a_failed_trigger_is(tmp_path, monkeypatch, flag):
     from airflow.sdk.exceptions import AirflowSkipException
 
-    missing = {"kind": "trace", "options": {"path": str(tmp_path / "missing.csv")}}
+    flaky_feed(monkeypatch, [ValueError("options: region 'mars-1' is not a region")])
+    trace = {"kind": "trace", "options": {"path": str(write_trace(tmp_path / "t.csv", {"pool-a": (1.5, 4)}, {"pool-a": (1.5, 4)}))}}
     flags = {flag: True} if flag else {}
-    sensor = SpotMarketSensor(task_id="wait", market=missing, pools=["pool-a"], price_below=2.0, deferrable=False, **flags)
-    with pytest.raises(AirflowSkipException if flag else ValueError, match="missing.csv"):
+    sensor = SpotMarketSensor(task_id="wait", market=trace, pools=["pool-a"], price_below=2.0, deferrable=False, **flags)
+    with pytest.raises(AirflowSkipException if flag else ValueError, match="mars-1"):
         sensor.execute({})
 
 

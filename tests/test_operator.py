@@ -25,11 +25,13 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferralError, TaskDeferred
 
+from airflow_provider_spotsched import AWS_TRACE, GCP_TRACE
 from airflow_provider_spotsched.backends.base import InstanceState, TrainingJob
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_processes import marked
+from airflow_provider_spotsched.backends.local_settings import DEFAULT_SECONDS_PER_SLOT
 from airflow_provider_spotsched.execution.driver import TrainingFailedError
-from airflow_provider_spotsched.hooks.backend_factory import ConnectionMissingError
+from airflow_provider_spotsched.hooks.backend_factory import BackendSpec, ConnectionMissingError, build_environment
 from airflow_provider_spotsched.hooks.local import LocalSpotHook
 from airflow_provider_spotsched.operators import fine_tune
 from airflow_provider_spotsched.operators.fine_tune import (
@@ -339,6 +341,25 @@ def test_a_spotsched_local_connection_configures_the_backend(tmp_path, monkeypat
     assert LocalSpotHook("my_local", seconds_per_slot=1.5).settings().seconds_per_slot == 1.5
     with pytest.raises(ValueError, match=r"connection 'my_local': seconds_per_slot must be a number of seconds > 0"):
         LocalSpotHook("my_local", seconds_per_slot=-1).settings()
+
+
+def test_without_compute_conn_id_the_spotsched_local_default_connection_configures_the_backend(tmp_path, monkeypatch):
+    """docs/airflow.md tells users to create spotsched_local_default: with no compute_conn_id the
+    operator's environment reads it, as other providers' hooks read their default connection."""
+    extra = {"workdir": str(tmp_path / "from-default"), "trace": "aws", "seconds_per_slot": 3.0}
+    monkeypatch.setenv("AIRFLOW_CONN_SPOTSCHED_LOCAL_DEFAULT", json.dumps({"conn_type": "spotsched_local", "extra": extra}))
+    env = build_environment(BackendSpec("local", None), 1.0)
+    assert env.seconds_per_slot == 3.0 and env.backend.workdir == tmp_path / "from-default" / "jobs"
+    assert LocalSpotHook().settings().trace == AWS_TRACE
+    assert LocalSpotHook(seconds_per_slot=1.5).settings().seconds_per_slot == 1.5  # backend_options still win
+
+
+def test_without_compute_conn_id_or_a_default_connection_the_local_backend_uses_the_embedded_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("AIRFLOW_CONN_SPOTSCHED_LOCAL_DEFAULT", raising=False)
+    monkeypatch.setenv("AIRFLOW__SPOTSCHED__LOCAL_WORKDIR", str(tmp_path / "embedded"))
+    env = build_environment(BackendSpec("local", None), 1.0)
+    assert env.seconds_per_slot == DEFAULT_SECONDS_PER_SLOT and env.backend.workdir == tmp_path / "embedded" / "jobs"
+    assert LocalSpotHook().settings().trace == GCP_TRACE
 
 
 def test_a_spotsched_local_connection_in_uri_form_reads_its_numbers_from_text(tmp_path, monkeypatch):

@@ -97,6 +97,8 @@ def test_poll_interval_below_zero_fails_when_the_dag_is_parsed_and_nothing_launc
         ({"max_instances": 0}, r"^max_instances=0: must be >= 1; "),
         ({"min_instances": 1.5}, r"^min_instances=1.5: not an integer"),
         ({"throughput": {"alpha": float("inf")}}, r"^throughput.alpha=inf: not a finite number"),
+        ({"throughput": {"alpha": 9000, "bta": 4000}}, r"^unknown throughput field\(s\) \['bta'\]; use alpha and beta"),
+        ({"throughput": {"beta": 4000}}, r"^throughput=\{'beta': 4000\}: not an object with alpha"),
         ({"work": None, "steps": 0, "batch_size": 8}, r"^steps=0: must be >= 1"),
         ({"budget": 0}, r"^budget=0: not a number of USD > 0"),
         ({"deadline": -1}, r"^deadline=-1: must be a duration > 0 from the task's start"),
@@ -232,6 +234,14 @@ def test_dict_parameters_rendered_to_json_text_are_read_as_dicts(tmp_path):
         assert not nothing_launched(tmp_path)  # in the workdir the rendered backend_options named
     finally:
         op.on_kill()
+
+
+def test_a_throughput_rendered_with_an_unknown_key_is_refused_before_anything_launches(tmp_path):
+    """A typo such as "bta" would otherwise plan with beta = 0, as if the key were absent."""
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=r"^unknown throughput field\(s\) \['bta'\]; use alpha and beta"):
+        operator(tmp_path, throughput='{"alpha": 60, "bta": 4}').execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
 
 
 def test_a_training_config_rendered_to_json_text_is_read_as_the_config(tmp_path):

@@ -8,7 +8,8 @@ market feed, clock); the trigger rebuilds only the backend, to read the job's st
 it.
 
 - ``local``: :class:`~airflow_provider_spotsched.hooks.local.LocalSpotHook` (a ``spotsched_local``
-  connection, or none: the embedded default); the market is the trace it replays.
+  connection; without one named, ``spotsched_local_default`` where it exists, else the embedded
+  default); the market is the trace it replays.
 - ``ec2`` / ``gce``: the compute hooks of :mod:`airflow_provider_spotsched.hooks.compute` (an
   ``aws`` or ``google_cloud_platform`` connection); the market is the live
   :class:`~airflow_provider_spotsched.market.source.MarketSource` given to the operator, usually a

@@ -2,8 +2,9 @@
 
 The embedded default needs no connection at all: workers run under ``$AIRFLOW_HOME/spotsched``,
 the market is the shipped GCP H100 trace, one market slot lasts a few wall-clock seconds. A
-``spotsched_local`` connection (or keyword overrides, e.g. from a DAG) changes any of it; its
-extras are
+``spotsched_local`` connection (the one named, else ``spotsched_local_default`` where it exists,
+as every provider's hook falls back to its default connection) or keyword overrides (e.g. from a
+DAG) change any of it; its extras are
 
 - ``workdir``: where job directories (and default checkpoints) live (default: ``[spotsched]
   local_workdir``, else ``$AIRFLOW_HOME/spotsched``);
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import BaseHook, conf
+from airflow.sdk import BaseHook, Connection, conf
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_settings import LocalReplaySettings
@@ -36,7 +38,8 @@ from airflow_provider_spotsched.hooks import local_connection
 class LocalSpotHook(BaseHook):
     """Builds the local backend and its replayed market from a ``spotsched_local`` connection.
 
-    :param local_conn_id: the connection; ``None`` uses the embedded default (no connection).
+    :param local_conn_id: the connection; ``None`` uses ``spotsched_local_default`` where it
+        exists, else the embedded default (no connection).
     :param overrides: extras that win over the connection's (same names as the extras).
     """
 
@@ -58,13 +61,25 @@ class LocalSpotHook(BaseHook):
     def settings(self) -> LocalReplaySettings:
         """Overrides win over the connection's extras; then ``[spotsched] local_workdir``; then the defaults."""
         extra: dict[str, Any] = {}
-        if self.local_conn_id:
-            extra.update(self.get_connection(self.local_conn_id).extra_dejson)
+        connection = self._connection()
+        if connection is not None:
+            extra.update(connection.extra_dejson)
         extra.update({k: v for k, v in self.overrides.items() if v is not None})
         if not extra.get("workdir"):
             extra["workdir"] = conf.get(SECTION, "local_workdir", fallback=None)
-        where = f"connection {self.local_conn_id!r}" if self.local_conn_id else "backend_options"
+        where = f"connection {connection.conn_id!r}" if connection is not None else "backend_options"
         return LocalReplaySettings.from_extra(extra, where)
+
+    def _connection(self) -> Connection | None:
+        """The named connection; unnamed, the default one if it exists: the local backend needs
+        none (the embedded default), so a missing default is no error. Read through the SDK, as a
+        worker cannot open the metadata database."""
+        if self.local_conn_id:
+            return self.get_connection(self.local_conn_id)
+        try:
+            return self.get_connection(self.default_conn_name)
+        except AirflowNotFoundException:
+            return None
 
     def environment(self, slot_hours: float = 1.0) -> SpotEnvironment:
         """The backend, its replayed market and its clock, for a run."""

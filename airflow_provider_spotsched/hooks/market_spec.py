@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_spotsched.market.shipped import trace_path
+from airflow_provider_spotsched.market.shipped import cached_trace, trace_path
 from airflow_provider_spotsched.market.source import MarketSource, TraceFileSource
 from airflow_provider_spotsched.market.trace import Trace
 
@@ -87,6 +87,13 @@ class MarketSpec(MarketSource):
             f"market {market!r} is neither a MarketSpec, a dict with 'kind', nor a trace name or path; "
             'give e.g. "gcp" or {"kind": "aws", "conn_id": "aws_default", "options": {...}}'
         )
+
+    def offered_pools(self) -> list[str] | None:
+        """Every pool of a trace market, known before any wait; ``None`` for a history store or a
+        live market, whose pools show only in the ticks of a window."""
+        if self.kind != "trace":
+            return None
+        return cached_trace(trace_path(str(self.options["path"]))).names
 
     def observe(self, start: datetime, end: datetime) -> Trace:
         """The ticks in [start, end] from the market this spec names (built on first use)."""

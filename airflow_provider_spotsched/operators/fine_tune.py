@@ -68,6 +68,7 @@ from airflow_provider_spotsched.scheduling.model import (
     as_number,
     check_field,
     check_overhead,
+    check_throughput,
     shown,
 )
 from airflow_provider_spotsched.scheduling.online import OnlineRun, RunConfig, check_budget
@@ -181,7 +182,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         reads the trace it replays.
     :param backend: ``"local"`` (processes on a replayed market), ``"ec2"`` or ``"gce"``.
     :param compute_conn_id: the backend's connection (``spotsched_local``, ``aws``,
-        ``google_cloud_platform``); ``None`` with ``local`` uses the embedded default.
+        ``google_cloud_platform``); ``None`` with ``local`` uses ``spotsched_local_default``
+        where it exists, else the embedded default.
     :param backend_options: backend settings that win over the connection's (JSON values).
 
     The training:
@@ -352,7 +354,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         for name in ("slot_hours", "hard_deadline_factor", "reconfig_overhead_hours"):
             check_field(name, getattr(self, name))
         check_overhead(self.reconfig_overhead_hours, self.slot_hours)
-        throughput = self.throughput if isinstance(self.throughput, Mapping) else {}
+        throughput = check_throughput(self.throughput) if isinstance(self.throughput, Mapping) else {}
         given = {"work": self.work, "value": self.value, "min_instances": self.min_instances,
                  "max_instances": self.max_instances, **{f"throughput.{k}": v for k, v in throughput.items()}}
         for name, value in given.items():
@@ -467,9 +469,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
         return driver
 
     def _job(self, now: datetime, seconds_per_slot: float) -> Job:
-        throughput = rendered_object("throughput", self.throughput)
-        if throughput is None or "alpha" not in throughput:
-            raise JobError(f'throughput must be {{"alpha": samples/hour per instance, "beta": ...}}, got {self.throughput!r}')
+        throughput = check_throughput(rendered_object("throughput", self.throughput))
         alpha, beta = (
             as_number(f"throughput.{k}", rendered_number(f"throughput.{k}", throughput.get(k, 0.0))) for k in ("alpha", "beta")
         )

@@ -132,12 +132,7 @@ class Job:
         if missing:
             raise JobError(f"job is missing required field(s) {missing}")
         fields = dict(data)
-        tp = fields["throughput"]
-        if not isinstance(tp, Mapping) or "alpha" not in tp:
-            raise JobError(f'throughput={shown(tp)}: not an object with alpha; give {{"alpha": 1.0, "beta": 0.0}}')
-        extra = sorted(set(tp) - {"alpha", "beta"})
-        if extra:
-            raise JobError(f"unknown throughput field(s) {extra}; use alpha and beta")
+        tp = check_throughput(fields["throughput"])
         fields["throughput"] = Throughput(
             as_number("throughput.alpha", tp["alpha"]), as_number("throughput.beta", tp.get("beta", 0.0))
         )
@@ -151,6 +146,17 @@ class Job:
                     f"start={shown(fields['start'])}: not a UTC ISO-8601 timestamp; give one like 2025-10-04T00:10:00Z"
                 ) from None
         return cls(**fields)
+
+
+def check_throughput(tp: object) -> Mapping[str, Any]:
+    """``tp`` as the throughput object, refusing one without ``alpha`` or with any other key:
+    a typo such as ``bta`` would otherwise plan with beta = 0."""
+    if not isinstance(tp, Mapping) or "alpha" not in tp:
+        raise JobError(f'throughput={shown(tp)}: not an object with alpha; give {{"alpha": 1.0, "beta": 0.0}}')
+    extra = sorted(set(tp) - {"alpha", "beta"})
+    if extra:
+        raise JobError(f"unknown throughput field(s) {extra}; use alpha and beta")
+    return tp
 
 
 def shown(value: object) -> str:

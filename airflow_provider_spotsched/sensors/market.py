@@ -26,7 +26,7 @@ from airflow_provider_spotsched.hooks.rendered import rendered_job, rendered_num
 from airflow_provider_spotsched.market.feed import check_feed_history
 from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
-from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions, check_live_forecaster
+from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions, check_live_forecaster, check_pools_offered
 
 DEFAULT_TIMEOUT = timedelta(hours=6)
 DEFAULT_POKE_INTERVAL = 300.0
@@ -47,7 +47,8 @@ class SpotMarketSensor(BaseSensorOperator):
     The market and the wait:
 
     :param market: a :class:`MarketSpec`, its dict, or a trace name or path.
-    :param pools: the spot pools to watch.
+    :param pools: the spot pools to watch; each must be a pool of the market (a trace market's are
+        checked before the wait, a live one's on the trigger's first observation).
     :param timeout: how long to wait before falling back to on-demand (default 6 hours).
     :param poke_interval: seconds between market observations (default 300).
     :param slot_hours: slot length in hours (default 1).
@@ -126,7 +127,8 @@ class SpotMarketSensor(BaseSensorOperator):
         return dict(event)
 
     def trigger(self, now: datetime) -> SpotMarketTrigger:
-        """The trigger for a wait starting at ``now``; its timeout is the absolute ``now + timeout``."""
+        """The trigger for a wait starting at ``now``; its timeout is the absolute ``now + timeout``.
+        A pool that a trace market lacks is refused here, before the wait."""
         price, count = self.price_below, self.min_available  # templated: text unless the DAG renders native objects
         conditions = StartConditions(
             price_below=None if price in (None, "") else rendered_number("price_below", price),
@@ -148,9 +150,12 @@ class SpotMarketSensor(BaseSensorOperator):
                 "seconds_per_slot": float(self.seconds_per_slot),
                 "slot_hours": self.slot_hours,
             }
+        pools = list(pool_names(self.pools))  # a rendered template gives 'a,b'
+        if (offered := self.market.offered_pools()) is not None:
+            check_pools_offered(pools, offered)
         return SpotMarketTrigger(
             market=self.market.to_dict(),
-            pools=list(pool_names(self.pools)),  # a rendered template gives 'a,b'
+            pools=pools,
             conditions=conditions.to_dict(),
             timeout_at=(now + timedelta(seconds=self.timeout)).isoformat(),
             slot_hours=self.slot_hours,

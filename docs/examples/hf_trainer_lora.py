@@ -6,8 +6,8 @@ spot contract is ``sys.exit(spot_train(trainer))`` in place of ``trainer.train()
 operator's training command, with the checkpoint URI on the command line or in
 ``$SPOTSCHED_CHECKPOINT_URI``::
 
-    FineTuneOperator(..., checkpoint_uri="/data/ckpt/job1",
-                     command="python docs/examples/hf_trainer_lora.py --checkpoint-uri /data/ckpt/job1")
+    DeadlineSpotFineTuneOperator(..., checkpoint_uri="/data/ckpt/job1",
+                                 command="python docs/examples/hf_trainer_lora.py --checkpoint-uri /data/ckpt/job1")
 
 Exit codes: 0 done (adapter under URI/final/), 75 preempted after an emergency checkpoint (run
 it again to resume), 1 failure, 2 bad arguments.
