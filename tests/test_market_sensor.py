@@ -269,12 +269,19 @@ def test_a_pool_the_trace_lacks_is_refused_by_the_sensor_before_it_defers():
         SpotMarketSensor(task_id="wait", market=missing, pools=["pool-a"], price_below=2.0, soft_fail=True).execute({})
 
 
-def test_a_trigger_refuses_at_its_first_observation_when_none_of_its_pools_ticks(tmp_path):
-    """A live market's pools are known only from its ticks: none of the watched ones among them is
-    a typo (one of them silent is still only unavailable, see the test above)."""
+def test_a_pool_outside_a_live_markets_zones_is_refused_and_a_silent_zone_of_it_is_only_unavailable(tmp_path):
+    """A live market offers the zones its options name: a typo is refused before the wait, while a
+    configured zone without evidence yet (no placement score, no launch) counts as unavailable and
+    the wait goes on, even when none of the watched pools ticks and others do."""
+    aws = {"kind": "aws", "options": {"instance_type": "p3.2xlarge", "availability_zones": ["us-east-1a", "us-east-1b"],
+                                      "on_demand_price": 3.06}}
+    sensor = SpotMarketSensor(task_id="wait", market=aws, pools=["us-east-1a", "us-east-1z"], price_below=1.0)
+    with pytest.raises(ValueError, match=r"^pools=\['us-east-1a', 'us-east-1z'\]: unknown pool\(s\) \['us-east-1z'\]; "
+                                         r"the market's pools are \['us-east-1a', 'us-east-1b'\]$"):
+        sensor.execute({})  # raised, not TaskDeferred
     trace = write_trace(tmp_path / "t.csv", {"pool-a": (1.5, 4)}, {"pool-a": (1.5, 4)})
-    with pytest.raises(ValueError, match=r"^pools=\['pool-z'\]: unknown pool\(s\) \['pool-z'\]; the market's pools are \['pool-a'\]$"):
-        first_payload(trigger(trace, {"price_below": 2.0}, pools=("pool-z",)))
+    silent = first_payload(trigger(trace, {"price_below": 2.0}, timeout_s=0.5, pools=("pool-z",)))
+    assert silent["reason"] == "timeout" and silent["fallback"] == "on-demand"
 
 
 @pytest.mark.parametrize("job", ["{{ params.job | tojson }}", {**JOB, "work": "{{ params.work }}", "max_instances": "{{ params.n }}"}])

@@ -89,11 +89,13 @@ class MarketSpec(MarketSource):
         )
 
     def offered_pools(self) -> list[str] | None:
-        """Every pool of a trace market, known before any wait; ``None`` for a history store or a
-        live market, whose pools show only in the ticks of a window."""
-        if self.kind != "trace":
-            return None
-        return cached_trace(trace_path(str(self.options["path"]))).names
+        """Every pool the market can offer, known before any wait: a trace's pools, a live market's
+        configured zones; ``None`` for a history store, whose pools show only in what it recorded.
+        A live zone without evidence yet (no placement score, no launch) is offered all the same."""
+        if self.kind == "trace":
+            return cached_trace(trace_path(str(self.options["path"]))).names
+        zones = {"aws": "availability_zones", "gcp": "zones"}.get(self.kind)
+        return None if zones is None else [str(zone) for zone in self.options[zones]]
 
     def observe(self, start: datetime, end: datetime) -> Trace:
         """The ticks in [start, end] from the market this spec names (built on first use)."""

@@ -212,7 +212,7 @@ class SpotMarketTrigger(BaseTrigger):
                 return
             market_now = clock.market_time(now) if clock else now
             try:
-                market = await asyncio.to_thread(self._observe, feed, market_now, not answered)
+                market = await asyncio.to_thread(self._observe, feed, market_now)
             except Exception as error:
                 if misconfigured(error, answered):
                     raise
@@ -238,20 +238,17 @@ class SpotMarketTrigger(BaseTrigger):
             left = (timeout_at - datetime.now(timezone.utc)).total_seconds()
             await asyncio.sleep(max(min(self.poll_interval, left), 0.0))
 
-    def _observe(self, feed: LiveMarketFeed, market_now: datetime, first: bool = False) -> SlotMarket | None:
+    def _observe(self, feed: LiveMarketFeed, market_now: datetime) -> SlotMarket | None:
         """The watched pools' slots ending with the state in force at ``market_now``; ``None`` while
         no pool has any evidence. A watched pool without ticks counts as unavailable (unknown
-        availability is 0, never a guess) at the on-demand price, so no condition holds on it;
-        but on the ``first`` observation, none of them ticking while other pools do is refused
-        (a ``ValueError``: the source's first answer, so the wait fails at once), as a typo."""
+        availability is 0, never a guess) at the on-demand price, so no condition holds on it (a
+        pool the market does not offer at all is refused before the wait, :func:`check_pools_offered`)."""
         try:
             market = feed.history(market_now, self.pools)
         except NoMarketData as exc:
             self.log.warning("%s; waiting for evidence", exc)
             return None
         missing = [p for p in self.pools if p not in market.pools]
-        if first and len(missing) == len(self.pools):
-            check_pools_offered(self.pools, market.pools)
         if missing:
             self.log.warning("no ticks for pool(s) %s in the last %g h: counted as unavailable", missing, self.history_hours)
         slots = market.num_slots
