@@ -11,11 +11,11 @@ from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate
 from airflow_provider_spotsched.scheduling.guard import GuardedPolicy, handover_allowance
-from airflow_provider_spotsched.scheduling.model import Throughput
+from airflow_provider_spotsched.scheduling.model import Allocation, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
-from airflow_provider_spotsched.scheduling.policy import Observation
+from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket, simulate
 from airflow_provider_spotsched.scheduling.rules import is_deadline_safe, on_demand_fallback
 from airflow_provider_spotsched.scheduling.selector import DEFAULT_POOL, SelectorPolicy
@@ -305,3 +305,33 @@ def test_a_job_still_behind_a_finished_shadow_does_not_track_its_idle_slots():
     params = {"price_threshold": 0.7, "safety_slots": 1.0, "guard": 1.2}
     outcome = simulate(make_policy("prediction-free", params), job, JobMarket(market, 2)).outcome
     assert outcome.completion_hours is not None and not outcome.soft_miss
+
+
+class Splitter(Policy):
+    """Half the instances in the dearer pool for four slots (within the guard's factor), then idle."""
+
+    name = "splitter"
+
+    def decide(self, observation: Observation) -> Allocation:
+        return Allocation((2, 2), 0) if observation.slot < 4 else Allocation((0, 0), 0)
+
+
+def test_a_handed_over_job_catches_up_on_an_idle_shadow_with_the_fewest_on_demand_instances():
+    """Handed over one restart (1 work unit) behind UP, the job tracks UP; when UP idles (no spot,
+    ahead of its line) the job makes up the unit on 2 on-demand instances, not N_max = 4: the
+    shadow's next allocation restarts it too, so the job stays level, and the other two would be
+    on-demand hours bought past the gap (found at 1.27 x UP on a synthetic market)."""
+    job = make_job(work=48.0, deadline_hours=24.0, max_instances=4, reconfig_overhead_hours=0.25, value=500.0)
+    available = np.array([[4, 4] if (t < 6 or t >= 9) else [0, 0] for t in range(job.horizon_slots)])
+    market = whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0))
+    up = simulate(UniformProgressPolicy(), job, market)
+    assert up.allocations[6:9] == [Allocation((0, 0), 0)] * 3  # UP idles while no spot is offered
+
+    policy = DeadlineChecked(Splitter(), 1.2)
+    run = simulate(policy, job, market)
+    assert policy.switched_at == 4  # the restart onto UP's allocation leaves the job 1 unit behind
+    assert run.allocations[6] == Allocation((0, 0), 2)  # 2 x 0.75 h of work make up the unit
+    assert run.allocations[7:] == up.allocations[7:]  # level from then on
+    assert run.outcome.completion_hours <= up.outcome.completion_hours  # half a unit ahead: done a little sooner
+    # UP's bill, plus 2 instances in the dearer pool for 4 slots and the 2 on-demand for one (less the sooner end)
+    assert up.outcome.cost < run.outcome.cost <= up.outcome.cost + 2 * 4 * 0.15 + 2 * 3.0 + 1e-9

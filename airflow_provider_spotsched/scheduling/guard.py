@@ -342,7 +342,8 @@ class GuardedPolicy(Policy):
 
         The job runs what UP runs now, so it pays what UP pays, plus on-demand instances up to
         N_max in every slot that would otherwise end with less work done than the shadow (its
-        own restart counted). Once level it stays level: the same allocations make the same
+        own restart counted; where the shadow runs nothing or has finished, only as many as
+        catch up, :meth:`_caught_up`). Once level it stays level: the same allocations make the same
         progress. Still behind once the shadow has finished, it keeps its N_max instances while
         they run at no more than on-demand prices (a restart would lose work), else runs N_max
         on-demand. A choice that is not deadline-safe hands the job to the safety net for good,
@@ -359,11 +360,31 @@ class GuardedPolicy(Policy):
         after = self._job_so_far(observation)
         advance(job, after, choice, observation.spot_price, observation.on_demand_price)
         if not after.done and after.work_done < level - WORK_EPSILON:
-            choice = Allocation(choice.spot, choice.on_demand + job.max_instances - choice.total)
+            choice = self._caught_up(observation, choice, level, fewest=choice.total == 0 or shadow.done)
         if is_deadline_safe(job, observation, choice):
             return choice
         self.safety_net_at = observation.slot
         return safety_net_allocation(observation)
+
+    def _caught_up(self, observation: Observation, choice: Allocation, level: float, fewest: bool) -> Allocation:
+        """``choice`` (the shadow's allocation) with on-demand instances added to catch up: up to
+        N_max, or with ``fewest``, the fewest that bring the job to ``level`` this slot (the
+        shadow's work, or the job's end), where some do.
+
+        ``fewest`` is safe where the shadow runs nothing (its next allocation restarts the shadow
+        too, so the job stays level) or has finished (the job ends in the slot): no restart of
+        instances the shadow keeps follows. N_max there would buy on-demand hours past the gap:
+        eight on-demand instances for a slot to make up two units of work, a job at 1.27 x UP.
+        """
+        job = observation.job
+        most = job.max_instances - choice.total
+        for extra in range(1, most if fewest else 0):
+            candidate = Allocation(choice.spot, choice.on_demand + extra)
+            after = self._job_so_far(observation)
+            advance(job, after, candidate, observation.spot_price, observation.on_demand_price)
+            if after.done or after.work_done >= level - WORK_EPSILON:
+                return candidate
+        return Allocation(choice.spot, choice.on_demand + most)
 
     def _keeps(self, observation: Observation) -> bool:
         """Whether the previous allocation can run on: N_max instances, still offered, each at
