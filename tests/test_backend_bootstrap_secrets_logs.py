@@ -407,14 +407,15 @@ def test_a_metadata_server_that_never_answers_fails_the_read_within_its_limit(tm
         assert returncode != 0 and seconds < 3.0, "the caller's shorter limit applies"
 
 
-@pytest.mark.parametrize("provider", ["aws", "gcp"])
-def test_a_rendezvous_read_that_times_out_is_polled_again_not_started_without_its_master(tmp_path, provider):
-    """The first read of the master's address hangs: the script must not start the command with an
-    empty MASTER_ADDR (torchrun would fail, and the job with it), but read the rendezvous again."""
+def run_with_one_read_hung(
+    tmp_path: Path, provider: str, hangs: Callable[[str], bool], command: tuple[str, ...]
+) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    """Run the real script against metadata whose first read of a path ``hangs`` matches never answers
+    (the script gives up after LIMIT_S); the paths that hung, and the script's outcome."""
     hung: list[str] = []
 
-    def first_master_read(path: str) -> bool:
-        if path.endswith("master-addr") and not hung:
+    def first(path: str) -> bool:
+        if hangs(path) and not hung:
             hung.append(path)
             return True
         return False
@@ -422,11 +423,18 @@ def test_a_rendezvous_read_that_times_out_is_polled_again_not_started_without_it
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stand_in(bin_dir, "aws" if provider == "aws" else "gcloud", f'#!/bin/bash\necho "$@" >> {tmp_path}/cli\n')
-    command = ("bash", "-c", 'echo "${MASTER_ADDR:-}:${MASTER_PORT:-}" >> "$OUT/master"')
     env = job_env(tmp_path, bin_dir, "", 0, **{METADATA_TIMEOUT_ENV: LIMIT_S})
-    with metadata_that_hangs(first_master_read) as url:
+    with metadata_that_hangs(first) as url:
         job = TrainingJob("job-1", command, str(tmp_path / "ckpt"), ("a",), env={**env, "SPOTSCHED_METADATA_URL": url})
-        result = run_script(tmp_path, job, provider)
+        return hung, run_script(tmp_path, job, provider)
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_a_rendezvous_read_that_times_out_is_polled_again_not_started_without_its_master(tmp_path, provider):
+    """The first read of the master's address hangs: the script must not start the command with an
+    empty MASTER_ADDR (torchrun would fail, and the job with it), but read the rendezvous again."""
+    command = ("bash", "-c", 'echo "${MASTER_ADDR:-}:${MASTER_PORT:-}" >> "$OUT/master"')
+    hung, result = run_with_one_read_hung(tmp_path, provider, lambda path: path.endswith("master-addr"), command)
 
     assert hung, "the first read of master-addr hung"
     assert result.returncode == 0 and (tmp_path / "powered-off").exists()
@@ -438,24 +446,9 @@ def test_a_rendezvous_read_that_times_out_is_polled_again_not_started_without_it
 def test_an_instance_name_read_that_times_out_is_tried_again_so_the_result_lands_where_it_is_read(tmp_path, provider):
     """The log and the result go under the instance's name, where the run looks them up: a first read
     that timed out must not leave them under the host name (an EC2 host name is not the instance id)."""
-    hung: list[str] = []
     name_path = "/latest/meta-data/instance-id" if provider == "aws" else "/computeMetadata/v1/instance/name"
-
-    def first_name_read(path: str) -> bool:
-        if path == name_path and not hung:
-            hung.append(path)
-            return True
-        return False
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stand_in(bin_dir, "aws" if provider == "aws" else "gcloud", f'#!/bin/bash\necho "$@" >> {tmp_path}/cli\n')
-    env = job_env(tmp_path, bin_dir, "", 0, **{METADATA_TIMEOUT_ENV: LIMIT_S})
-    checkpoint = str(tmp_path / "ckpt")
-    with metadata_that_hangs(first_name_read) as url:
-        job = TrainingJob("job-1", ("bash", "-c", WORKER), checkpoint, ("a",), env={**env, "SPOTSCHED_METADATA_URL": url})
-        result = run_script(tmp_path, job, provider)
+    hung, result = run_with_one_read_hung(tmp_path, provider, lambda path: path == name_path, ("bash", "-c", WORKER))
 
     assert hung, "the first read of the instance's name hung"
     assert result.returncode == 0, result.stderr
-    assert read_result(checkpoint, "i-0abc" if provider == "aws" else INSTANCE) == "done"
+    assert read_result(str(tmp_path / "ckpt"), "i-0abc" if provider == "aws" else INSTANCE) == "done"
