@@ -345,8 +345,8 @@ class GuardedPolicy(Policy):
         own restart counted; where the shadow runs nothing or has finished, only as many as
         catch up, :meth:`_caught_up`). Once level it stays level: the same allocations make the same
         progress. Still behind once the shadow has finished, it keeps its N_max instances while
-        they run at no more than on-demand prices (a restart would lose work), else runs N_max
-        on-demand. A choice that is not deadline-safe hands the job to the safety net for good,
+        they run at no more than on-demand prices (a restart would lose work), else the fewest
+        on-demand instances that finish it (N_max if none do). A choice that is not deadline-safe hands the job to the safety net for good,
         exactly as every policy's does.
         """
         job, shadow = observation.job, self._shadow_progress
