@@ -22,7 +22,7 @@ Kinds and their options:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,15 @@ class MarketSpec(MarketSource):
             return cached_trace(trace_path(str(self.options["path"]))).names
         zones = {"aws": "availability_zones", "gcp": "zones"}.get(self.kind)
         return None if zones is None else [str(zone) for zone in self.options[zones]]
+
+    def check_offers(self, pools: Sequence[str]) -> None:
+        """Refuse watched ``pools`` the market does not offer, where its pools are known before any
+        wait (:meth:`offered_pools`): a typo would count as an unavailable pool, so the wait would
+        last until its timeout and then "succeed" on on-demand."""
+        offered = self.offered_pools()
+        unknown = [] if offered is None else [p for p in pools if p not in offered]
+        if unknown:
+            raise ValueError(f"pools={list(pools)!r}: unknown pool(s) {unknown}; the market's pools are {sorted(offered or [])}")
 
     def observe(self, start: datetime, end: datetime) -> Trace:
         """The ticks in [start, end] from the market this spec names (built on first use)."""

@@ -26,7 +26,7 @@ from airflow_provider_spotsched.hooks.rendered import rendered_job, rendered_num
 from airflow_provider_spotsched.market.feed import check_feed_history
 from airflow_provider_spotsched.market.slots import pool_names
 from airflow_provider_spotsched.market.trace import format_timestamp, parse_instant
-from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions, check_live_forecaster, check_pools_offered
+from airflow_provider_spotsched.triggers.market import SpotMarketTrigger, StartConditions, check_live_forecaster
 
 DEFAULT_TIMEOUT = timedelta(hours=6)
 DEFAULT_POKE_INTERVAL = 300.0
@@ -151,8 +151,7 @@ class SpotMarketSensor(BaseSensorOperator):
                 "slot_hours": self.slot_hours,
             }
         pools = list(pool_names(self.pools))  # a rendered template gives 'a,b'
-        if (offered := self.market.offered_pools()) is not None:
-            check_pools_offered(pools, offered)
+        self.market.check_offers(pools)
         return SpotMarketTrigger(
             market=self.market.to_dict(),
             pools=pools,

@@ -52,14 +52,6 @@ def check_live_forecaster(forecaster: str) -> None:
         raise ValueError(f"forecaster={forecaster!r}: not a forecaster of a live market; choose one of {sorted(LIVE_FORECASTERS)}")
 
 
-def check_pools_offered(pools: Sequence[str], offered: Sequence[str]) -> None:
-    """Refuse watched pools the market lacks: a typo would count as an unavailable pool, so the
-    wait would last until its timeout and then "succeed" on on-demand."""
-    unknown = [p for p in pools if p not in offered]
-    if unknown:
-        raise ValueError(f"pools={list(pools)!r}: unknown pool(s) {unknown}; the market's pools are {sorted(offered)}")
-
-
 def misconfigured(error: Exception, answered: bool) -> bool:
     """Whether a failed observation says the source is misconfigured (fail the wait at once) rather
     than that a call was dropped (retry): a ``ValueError`` (a missing trace, options the source
@@ -242,7 +234,7 @@ class SpotMarketTrigger(BaseTrigger):
         """The watched pools' slots ending with the state in force at ``market_now``; ``None`` while
         no pool has any evidence. A watched pool without ticks counts as unavailable (unknown
         availability is 0, never a guess) at the on-demand price, so no condition holds on it (a
-        pool the market does not offer at all is refused before the wait, :func:`check_pools_offered`)."""
+        pool the market does not offer at all is refused before the wait, :meth:`MarketSpec.check_offers`)."""
         try:
             market = feed.history(market_now, self.pools)
         except NoMarketData as exc:
