@@ -20,6 +20,7 @@ the draws, not an alternative. Plain script:
 
     python scripts/selector_gap.py results/eval            # the folder `spotsched evaluate --out` wrote
     python scripts/selector_gap.py results/eval --nmax 1   # the N_max = 1 jobs only
+    python scripts/selector_gap.py results/eval --members  # and each member's own mean, a line each
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="folder written by `spotsched evaluate --out`")
     parser.add_argument("--nmax", type=int, nargs="+", help="only the jobs with these N_max (default: all)")
+    parser.add_argument("--members", action="store_true", help="also print each member's mean excess cost per trace")
     args = parser.parse_args()
     with (args.results / "results.csv").open(newline="") as handle:
         optimal = {tuple(r[k] for k in SCENARIO): r for r in csv.DictReader(handle) if r["policy"] == "optimal"}
@@ -79,6 +81,9 @@ def main() -> None:
             f" {100 * best_start:>+14.1f}% {100 * held_out:>+18.1f}% {100 * sum(most_likely) / n:>+11.1f}%"
             f" {100 * min(per_member.values()) / n:>+11.1f}%"
         )
+        if args.members:
+            for member, total in sorted(per_member.items(), key=lambda item: item[1]):
+                print(f"    {100 * total / n:>+6.1f}%  {member}")
 
 
 if __name__ == "__main__":
