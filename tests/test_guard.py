@@ -335,3 +335,17 @@ def test_a_handed_over_job_catches_up_on_an_idle_shadow_with_the_fewest_on_deman
     assert run.outcome.completion_hours <= up.outcome.completion_hours  # half a unit ahead: done a little sooner
     # UP's bill, plus 2 instances in the dearer pool for 4 slots and the 2 on-demand for one (less the sooner end)
     assert up.outcome.cost < run.outcome.cost <= up.outcome.cost + 2 * 4 * 0.15 + 2 * 3.0 + 1e-9
+
+
+def test_the_fewest_on_demand_instances_that_catch_up_are_never_below_the_jobs_minimum():
+    """As above with N_min = 3: two on-demand instances would make up the unit, but the job runs
+    three or none (the fewest were counted from one: a job with N_min 3 got 2, refused by the
+    simulator, found by the random-market bound test)."""
+    job = make_job(work=48.0, deadline_hours=24.0, max_instances=4, min_instances=3, reconfig_overhead_hours=0.25, value=500.0)
+    available = np.array([[4, 4] if (t < 6 or t >= 9) else [0, 0] for t in range(job.horizon_slots)])
+    market = whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0))
+    policy = DeadlineChecked(Splitter(), 1.2)
+    run = simulate(policy, job, market)
+    assert policy.switched_at == 4
+    assert run.allocations[6] == Allocation((0, 0), 3)
+    assert all(a.total == 0 or a.total >= 3 for a in run.allocations)

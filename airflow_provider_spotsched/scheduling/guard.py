@@ -378,7 +378,8 @@ class GuardedPolicy(Policy):
         """
         job = observation.job
         most = job.max_instances - choice.total
-        for extra in range(1, most if fewest else 0):
+        least = max(1, job.min_instances - choice.total)  # a job runs at least N_min instances or none
+        for extra in range(least, most if fewest else 0):
             candidate = Allocation(choice.spot, choice.on_demand + extra)
             after = self._job_so_far(observation)
             advance(job, after, candidate, observation.spot_price, observation.on_demand_price)
