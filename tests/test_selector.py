@@ -182,6 +182,72 @@ def test_hedge_regret_stays_below_the_proved_bound(sequence):
         assert regret <= math.sqrt(t * math.log(k)) + 2 + 1e-9  # the theorem, at every t
 
 
+@pytest.mark.parametrize("sequence", ["trap", "adaptive", "random"])
+def test_hedge_with_a_prior_stays_below_its_bound_against_every_member(sequence):
+    """Against member i the regret is at most (1 + ln(1/pi_i) / ln K) times the sum of the
+    mixability gaps (docs/selector.md, "The favourite"): small for the favourite, and still
+    O(sqrt T) for the others, on a sequence where the favourite loses as often as not."""
+    k, rounds, prior = 4, 800, np.array([6.0, 1.0, 1.0, 1.0])
+    pi = prior / prior.sum()
+    rng = np.random.default_rng(2)
+    learner = ExponentialWeights(k, prior=prior)
+    played = 0.0
+    for t in range(1, rounds + 1):
+        if sequence == "adaptive":
+            loss = np.zeros(k)
+            loss[int(np.argmax(learner.probabilities()))] = 1.0
+        else:
+            loss = rng.uniform(0, 1, k) if sequence == "random" else trap(t - 1)
+        played += float(learner.probabilities() @ loss)
+        learner.learn_full(loss)
+        regret = played - learner.cumulative_loss
+        factor = 1 + np.log(1 / pi) / math.log(k)
+        assert np.all(regret <= factor * learner.mixability_gap + 1e-9)
+        assert np.all(regret <= factor * (1 + 0.5 * math.sqrt(t * math.log(k))) + 1e-9)
+
+
+def test_a_prior_weighs_the_first_round_and_the_tied_leaders():
+    learner = ExponentialWeights(3, prior=[2.0, 1.0, 1.0])
+    assert learner.probabilities().tolist() == [0.5, 0.25, 0.25]
+    learner.learn_full([0.0, 0.0, 0.4])  # the draw may land on the loser: a gap of 0.25 * 0.4
+    assert learner.mixability_gap == pytest.approx(0.1)
+    learner.cumulative_loss, learner.mixability_gap = np.array([0.0, 0.0, 1.0]), 0.0
+    assert learner.probabilities().tolist() == pytest.approx([2 / 3, 1 / 3, 0.0])  # following the leaders, by prior
+    masked = ExponentialWeights(3, active=[False, True, True], prior=[5.0, 1.0, 3.0])
+    assert masked.probabilities().tolist() == [0.0, 0.25, 0.75]  # normalised over the members in play
+    rng = np.random.default_rng(4)
+    uniform, plain = ExponentialWeights(3, prior=[2.0, 2.0, 2.0]), ExponentialWeights(3)
+    for _ in range(30):  # a uniform prior of any size is the plain learner, to the last bit
+        loss = rng.uniform(0, 1, 3)
+        uniform.learn_full(loss)
+        plain.learn_full(loss)
+        assert uniform.probabilities().tolist() == plain.probabilities().tolist()
+    assert uniform.mixability_gap == plain.mixability_gap
+
+
+def test_a_pool_members_prior_is_kept_in_the_state_and_refused_when_malformed():
+    pool = [{**POOL[0], "prior": 3}, *POOL[1:3], {**POOL[3], "prior": 1}]
+    selector = SelectorPolicy(pool, warm_up_rounds=0)
+    assert selector.pool[3] == POOL[3]  # the default weight is not written: a pool without priors keeps its documents
+    job = make_job()
+    assert list(selector.weights(job).values()) == [0.5, 1 / 6, 1 / 6, 1 / 6]
+    restored = SelectorPolicy.from_state(json.loads(json.dumps(selector.to_state())))
+    assert restored.weights(job) == selector.weights(job) and restored.to_state() == selector.to_state()
+    assert selector.differences(SelectorPolicy(POOL, warm_up_rounds=0)) == [
+        "pool: prior weights stored [3.0, 1.0, 1.0, 1.0], asked [1.0, 1.0, 1.0, 1.0]"
+    ]
+    for bad in (0, -1, "2", True, float("nan")):
+        with pytest.raises(ValueError, match=r"pool\[0\]\.prior must be a number > 0"):
+            SelectorPolicy([{**POOL[0], "prior": bad}])
+
+
+def test_the_default_pool_starts_its_favourite_twice_as_likely_as_the_others_together():
+    selector = SelectorPolicy(warm_up_rounds=0)
+    weights = selector.weights(make_job())
+    assert weights[selector.labels[0]] == pytest.approx(2 / 3)
+    assert selector.labels[0].startswith("chc(window=24,commit=1,forecaster=sojourn-chain")
+
+
 def test_hedge_follows_a_leader_that_keeps_winning():
     learner, played, loss = ExponentialWeights(4), 0.0, np.array([0.0, 0.4, 0.7, 1.0])
     for _ in range(400):

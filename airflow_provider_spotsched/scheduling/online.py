@@ -229,7 +229,7 @@ class OnlineRun:
             selector = _selector(config.policy_params, selector_state)
             played = selector.open_round(job, JobMarket(run.market, run.history_slots))  # warm-up, then the draw
             entry = selector.pool[played.member_index]
-            run.member = {**entry, "label": played.label, "probability": played.probability}
+            run.member = {"policy": entry["policy"], "params": entry["params"], "label": played.label, "probability": played.probability}
             # The run carries its round and closes it on the freshest stored state (selector_store).
             selector.drop_round()
             run.selector_start = selector.to_state()

@@ -50,16 +50,26 @@ MAX_CONTEXTS = 32
 # Draws walk the golden-ratio (Weyl) sequence: each is uniform, and successive ones spread evenly.
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
+# The commit-1 CHC member's prior weight against 1 for each other member: 14 of 21 with the eight members.
+FAVOURITE_PRIOR = 14
+
 # The two axes along which the paper builds its pool. CHC spans the commitment level (re-plan
 # every slot, or commit to 4 of 24); the prediction-free policy spans its price threshold, its
 # safety margin and how far above the cheapest offer it runs ahead of need. CHC members dominate
 # the cost of a full-information round (one replay each), so there are two; they plan on the
 # sojourn chain's availability chances, which paid over persistence's (docs/selector.md). Every member but UP
 # runs under the cost guard (scheduling/guard.py): whichever the learner draws, no job costs much
-# more than UP would have paid. A stored state keeps the pool it was made with, so states saved
-# before the guard load and run unguarded.
+# more than UP would have paid. The commit-1 CHC member was the best single member in hindsight on
+# most markets measured, while a kind's few warm-up windows often pointed elsewhere: it starts
+# twice as likely as the seven others together (docs/selector.md, "The favourite"). A stored
+# state keeps the pool it was made with, so states saved before the guard load and run
+# unguarded, and states saved before the prior keep uniform weights.
 DEFAULT_POOL: tuple[dict[str, Any], ...] = (
-    {"policy": "chc", "params": {"window": 24, "commit": 1, "forecaster": "sojourn-chain", "guard": DEFAULT_GUARD}},
+    {
+        "policy": "chc",
+        "params": {"window": 24, "commit": 1, "forecaster": "sojourn-chain", "guard": DEFAULT_GUARD},
+        "prior": FAVOURITE_PRIOR,
+    },
     {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "sojourn-chain", "guard": DEFAULT_GUARD}},
     {"policy": "prediction-free", "params": {"price_threshold": 0.9, "safety_slots": 0.0, "guard": DEFAULT_GUARD}},
     {
@@ -122,9 +132,20 @@ class ExponentialWeights:
     ``active`` masks out the members that cannot run this learner's kind of job (a
     single-instance member on an N_max > 1 job): they are never played and learn nothing, so
     the learner is the same algorithm over the ``K`` active members, with ``ln K`` of those.
+
+    ``prior`` weighs the members before any loss (relative weights, normalised over the active
+    members; default: uniform): ``p_t(i) ~ pi(i) exp(-eta_t * L_{t-1}(i))``. The regret against
+    member ``i`` is then at most ``(1 + ln(1/pi(i)) / ln K)`` times the mixability gaps' sum
+    (twice it for the uniform prior), still O(sqrt T) against every member (docs/selector.md).
     """
 
-    def __init__(self, num_members: int, algorithm: str = "hedge", active: Sequence[bool] | np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        num_members: int,
+        algorithm: str = "hedge",
+        active: Sequence[bool] | np.ndarray | None = None,
+        prior: Sequence[float] | np.ndarray | None = None,
+    ) -> None:
         if num_members < 1:
             raise ValueError("pool is empty; give at least one member")
         if algorithm not in ALGORITHMS:
@@ -134,6 +155,9 @@ class ExponentialWeights:
         self.active = np.ones(num_members, dtype=bool) if active is None else np.asarray(active, dtype=bool)
         if self.active.shape != (num_members,) or not self.active.any():
             raise ValueError(f"active must be {num_members} flags with at least one member active, got {active!r}")
+        self.prior = np.ones(num_members) if prior is None else np.asarray(prior, dtype=float)
+        if self.prior.shape != (num_members,) or not np.all(np.isfinite(self.prior) & (self.prior > 0)):
+            raise ValueError(f"prior must be {num_members} finite weights > 0, got {prior!r}")
         self.rounds = 0
         self.mixability_gap = 0.0
 
@@ -151,12 +175,24 @@ class ExponentialWeights:
         return math.log(k) / self.mixability_gap if self.mixability_gap > 0 else math.inf
 
     def probabilities(self) -> np.ndarray:
-        """The distribution the next round plays (0 for an inactive member)."""
+        """The distribution the next round plays (0 for an inactive member); at ``eta = inf`` the
+        leaders, in proportion to their prior weights."""
         losses = np.where(self.active, self.cumulative_loss, np.inf)
         shifted = losses - losses.min()
         eta = self.eta()
-        weights = (shifted == 0).astype(float) if math.isinf(eta) else np.exp(-eta * shifted)
+        if math.isinf(eta):
+            weights = np.where(shifted == 0, self.prior, 0.0)
+        else:
+            log_weights = np.where(self.active, self._log_prior() - eta * np.where(self.active, shifted, 0.0), -np.inf)
+            weights = np.exp(log_weights - log_weights.max())
         return weights / weights.sum()
+
+    def _log_prior(self) -> np.ndarray:
+        """``ln pi`` up to a constant, which every use normalises away (``-inf`` for an inactive
+        member); relative to the largest active weight, so a uniform prior adds exactly 0."""
+        weights = np.where(self.active, self.prior, 0.0)
+        with np.errstate(divide="ignore"):
+            return np.log(weights / weights.max())
 
     def choose(self, u: float) -> tuple[int, float]:
         """The member a uniform draw ``u`` in [0, 1) picks, and the probability it was played with."""
@@ -177,7 +213,7 @@ class ExponentialWeights:
             mix = float(loss[p > 0].min())
         else:  # -1/eta ln sum_i p_i exp(-eta l_i), in log space: p_i may underflow at a large eta
             on = self.active
-            log_weights = -eta * (self.cumulative_loss[on] - self.cumulative_loss[on].min())
+            log_weights = self._log_prior()[on] - eta * (self.cumulative_loss[on] - self.cumulative_loss[on].min())
             mix = (_log_sum_exp(log_weights) - _log_sum_exp(log_weights - eta * loss[on])) / eta
         self.mixability_gap += max(played - mix, 0.0)
         self.cumulative_loss += loss
@@ -215,7 +251,8 @@ class SelectorPolicy(Policy):
     its member (:meth:`decide` opens it itself if none is open), :meth:`close_round` learns from
     its feedback.
 
-    :param pool: members as ``{"policy": name, "params": {...}}``, built with ``make_policy``
+    :param pool: members as ``{"policy": name, "params": {...}}``, built with ``make_policy``,
+        each with an optional ``"prior"`` weight (default 1; see :class:`ExponentialWeights`)
         (default: :data:`DEFAULT_POOL`).
     :param algorithm: ``"hedge"`` (full-information feedback: every member's counterfactual
         utility) or ``"exp3"`` (bandit feedback: only the played member's).
@@ -252,7 +289,9 @@ class SelectorPolicy(Policy):
         duplicates = sorted({label for label in self.labels if self.labels.count(label) > 1})
         if duplicates:
             raise ValueError(f"pool lists the same member twice: {duplicates}; give each member different params")
-        self._keys = tuple(json.dumps(e, sort_keys=True) for e in self.pool)
+        # A replay depends on the member, not on its prior weight.
+        self._keys = tuple(json.dumps({"policy": e["policy"], "params": e["params"]}, sort_keys=True) for e in self.pool)
+        self.priors = np.array([e.get("prior", 1.0) for e in self.pool], dtype=float)
         self._current: Round | None = None
         self._member_ready = False
 
@@ -284,6 +323,8 @@ class SelectorPolicy(Policy):
             only_theirs = [m for m in other.labels if m not in self.labels]
             members = f"only {mine} {only_mine}, only {theirs} {only_theirs}" if only_mine or only_theirs else "reordered"
             differ.insert(0, f"pool: members {members}")
+        elif self.priors.tolist() != other.priors.tolist():
+            differ.insert(0, f"pool: prior weights {mine} {self.priors.tolist()}, {theirs} {other.priors.tolist()}")
         return differ
 
     @property
@@ -477,8 +518,8 @@ class SelectorPolicy(Policy):
 
     def weights(self, job: Job) -> dict[str, float]:
         """The distribution ``job``'s round is drawn from, by the label of each member that can run
-        it (uniform for a kind of job not seen yet, before its warm-up); reading it changes nothing."""
-        learner = self._learners.get(job_context(job)) or ExponentialWeights(len(self.pool), self.algorithm)
+        it (the prior for a kind of job not seen yet, before its warm-up); reading it changes nothing."""
+        learner = self._learners.get(job_context(job)) or ExponentialWeights(len(self.pool), self.algorithm, prior=self.priors)
         learner.active = self._active(job)
         p = learner.probabilities()
         return {self.labels[i]: float(p[i]) for i in self._active_indices(job)}
@@ -528,7 +569,7 @@ class SelectorPolicy(Policy):
         beyond :data:`MAX_CONTEXTS` kinds is dropped)."""
         context = job_context(job)
         if context not in self._learners:
-            self._learners[context] = ExponentialWeights(len(self.pool), self.algorithm, self._active(job))
+            self._learners[context] = ExponentialWeights(len(self.pool), self.algorithm, self._active(job), self.priors)
         self._learners.move_to_end(context)
         while len(self._learners) > MAX_CONTEXTS:
             self._learners.popitem(last=False)
@@ -622,7 +663,7 @@ class SelectorPolicy(Policy):
         if not isinstance(contexts, Mapping):
             raise SelectorStateError(f"selector state field 'contexts' must be an object of kinds of job, got {contexts!r}")
         for context, learned in contexts.items():
-            selector._learners[context] = _read_learner(context, learned, selector.labels, selector.algorithm)
+            selector._learners[context] = _read_learner(context, learned, selector.labels, selector.algorithm, selector.priors)
         selector._current = _read_current(state["current"], selector.labels)
         return selector
 
@@ -704,14 +745,18 @@ def _check_pool(pool: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]
         raise ValueError('pool must be a non-empty list of {"policy": name, "params": {...}}')
     checked = []
     for i, entry in enumerate(pool):
-        if not isinstance(entry, Mapping) or "policy" not in entry or set(entry) - {"policy", "params"}:
-            raise ValueError(f'pool[{i}] must be {{"policy": name, "params": {{...}}}}, got {entry!r}')
+        if not isinstance(entry, Mapping) or "policy" not in entry or set(entry) - {"policy", "params", "prior"}:
+            raise ValueError(f'pool[{i}] must be {{"policy": name, "params": {{...}}, "prior": weight (optional)}}, got {entry!r}')
         params = entry.get("params") or {}
         if not isinstance(params, Mapping):
             raise ValueError(f"pool[{i}].params must be an object of parameters, got {params!r}")
         if entry["policy"] == SelectorPolicy.name:
             raise ValueError(f"pool[{i}] is a selector; a pool holds plain policies")
-        checked.append({"policy": entry["policy"], "params": dict(params)})
+        prior = entry.get("prior", 1)
+        if not is_number(prior) or not prior > 0:
+            raise ValueError(f"pool[{i}].prior must be a number > 0 (the member's weight before any loss, 1 by default), got {prior!r}")
+        # Written only where it is not the default, so a pool without priors keeps its documents and digest.
+        checked.append({"policy": entry["policy"], "params": dict(params), **({"prior": prior} if prior != 1 else {})})
     return tuple(checked)
 
 
@@ -760,7 +805,7 @@ def _upgrade_version_1(state: Mapping[str, Any]) -> dict[str, Any]:
     return {"version": STATE_VERSION, **settings, "contexts": {}, "current": None}
 
 
-def _read_learner(context: str, learned: Any, labels: Sequence[str], algorithm: str) -> ExponentialWeights:
+def _read_learner(context: str, learned: Any, labels: Sequence[str], algorithm: str, prior: np.ndarray) -> ExponentialWeights:
     where = f"selector state field 'contexts' entry {context!r}"
     if not isinstance(learned, Mapping) or sorted(learned) != ["cumulative_loss", "mixability_gap", "rounds"]:
         raise SelectorStateError(f"{where} must hold exactly cumulative_loss, rounds and mixability_gap; got {learned!r}")
@@ -777,7 +822,7 @@ def _read_learner(context: str, learned: Any, labels: Sequence[str], algorithm: 
         raise SelectorStateError(f"{where}: 'rounds' must be an integer >= 0, got {learned['rounds']!r}")
     if not (is_number(learned["mixability_gap"]) and learned["mixability_gap"] >= 0):
         raise SelectorStateError(f"{where}: 'mixability_gap' must be a number >= 0, got {learned['mixability_gap']!r}")
-    learner = ExponentialWeights(len(labels), algorithm)
+    learner = ExponentialWeights(len(labels), algorithm, prior=prior)
     learner.cumulative_loss = np.asarray(values, dtype=float)
     learner.rounds = learned["rounds"]
     learner.mixability_gap = float(learned["mixability_gap"])
