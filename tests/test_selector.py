@@ -163,6 +163,16 @@ def trap(t: int) -> np.ndarray:
     return np.array([0.5, 0.0, 1.0, 1.0]) if t == 0 else np.array([(t + 1) % 2, t % 2, 1.0, 1.0])
 
 
+def next_loss(sequence: str, t: int, learner: ExponentialWeights, rng: np.random.Generator) -> np.ndarray:
+    """Round ``t``'s losses (1-based) of a test sequence over four members: ``adaptive`` (the
+    member the learner trusts most loses), ``random`` or ``trap``."""
+    if sequence == "adaptive":
+        loss = np.zeros(4)
+        loss[int(np.argmax(learner.probabilities()))] = 1.0
+        return loss
+    return rng.uniform(0, 1, 4) if sequence == "random" else trap(t - 1)
+
+
 @pytest.mark.parametrize("sequence", ["trap", "adaptive", "random"])
 def test_hedge_regret_stays_below_the_proved_bound(sequence):
     k, rounds = 4, 800
@@ -170,11 +180,7 @@ def test_hedge_regret_stays_below_the_proved_bound(sequence):
     learner = ExponentialWeights(k)
     played = 0.0
     for t in range(1, rounds + 1):
-        if sequence == "adaptive":  # the member the learner trusts most loses
-            loss = np.zeros(k)
-            loss[int(np.argmax(learner.probabilities()))] = 1.0
-        else:
-            loss = rng.uniform(0, 1, k) if sequence == "random" else trap(t - 1)
+        loss = next_loss(sequence, t, learner, rng)
         played += float(learner.probabilities() @ loss)
         learner.learn_full(loss)
         regret = played - float(learner.cumulative_loss.min())
@@ -193,11 +199,7 @@ def test_hedge_with_a_prior_stays_below_its_bound_against_every_member(sequence)
     learner = ExponentialWeights(k, prior=prior)
     played = 0.0
     for t in range(1, rounds + 1):
-        if sequence == "adaptive":
-            loss = np.zeros(k)
-            loss[int(np.argmax(learner.probabilities()))] = 1.0
-        else:
-            loss = rng.uniform(0, 1, k) if sequence == "random" else trap(t - 1)
+        loss = next_loss(sequence, t, learner, rng)
         played += float(learner.probabilities() @ loss)
         learner.learn_full(loss)
         regret = played - learner.cumulative_loss
