@@ -216,7 +216,7 @@ def test_a_prior_weighs_the_first_round_and_the_tied_leaders():
     learner.cumulative_loss, learner.mixability_gap = np.array([0.0, 0.0, 1.0]), 0.0
     assert learner.probabilities().tolist() == pytest.approx([2 / 3, 1 / 3, 0.0])  # following the leaders, by prior
     masked = ExponentialWeights(3, active=[False, True, True], prior=[5.0, 1.0, 3.0])
-    assert masked.probabilities().tolist() == [0.0, 0.25, 0.75]  # normalised over the members in play
+    assert masked.probabilities().tolist() == pytest.approx([0.0, 0.25, 0.75])  # normalised over the members in play
     rng = np.random.default_rng(4)
     uniform, plain = ExponentialWeights(3, prior=[2.0, 2.0, 2.0]), ExponentialWeights(3)
     for _ in range(30):  # a uniform prior of any size is the plain learner, to the last bit
@@ -232,12 +232,16 @@ def test_a_pool_members_prior_is_kept_in_the_state_and_refused_when_malformed():
     selector = SelectorPolicy(pool, warm_up_rounds=0)
     assert selector.pool[3] == POOL[3]  # the default weight is not written: a pool without priors keeps its documents
     job = make_job()
-    assert list(selector.weights(job).values()) == [0.5, 1 / 6, 1 / 6, 1 / 6]
+    assert list(selector.weights(job).values()) == pytest.approx([0.5, 1 / 6, 1 / 6, 1 / 6])
     restored = SelectorPolicy.from_state(json.loads(json.dumps(selector.to_state())))
     assert restored.weights(job) == selector.weights(job) and restored.to_state() == selector.to_state()
     assert selector.differences(SelectorPolicy(POOL, warm_up_rounds=0)) == [
         "pool: prior weights stored [3.0, 1.0, 1.0, 1.0], asked [1.0, 1.0, 1.0, 1.0]"
     ]
+    rescaled = SelectorPolicy([{**POOL[0], "prior": 6}, *({**entry, "prior": 2} for entry in POOL[1:])], warm_up_rounds=0)
+    assert selector.differences(rescaled) == []  # relative weights: the same prior
+    extreme = SelectorPolicy([{**POOL[0], "prior": 1e308}, {**POOL[1], "prior": 1e308}, {**POOL[2], "prior": 1e-300}], warm_up_rounds=0)
+    assert list(extreme.weights(job).values()) == pytest.approx([0.5, 0.5, 0.0])  # no sum of weights overflows
     for bad in (0, -1, "2", True, float("nan")):
         with pytest.raises(ValueError, match=r"pool\[0\]\.prior must be a number > 0"):
             SelectorPolicy([{**POOL[0], "prior": bad}])

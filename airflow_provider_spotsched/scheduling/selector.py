@@ -122,12 +122,13 @@ class Round:
 class ExponentialWeights:
     """Hedge (full information) or EXP3 (bandit) over ``K`` members, from cumulative losses.
 
-    Round ``t`` (1-based) plays ``p_t(i) ~ exp(-eta_t * L_{t-1}(i))``. Hedge takes AdaHedge's
+    Round ``t`` (1-based) plays ``p_t(i) ~ pi(i) exp(-eta_t * L_{t-1}(i))`` (``pi``: the prior,
+    below; uniform by default). Hedge takes AdaHedge's
     rate ``eta_t = ln K / Delta_{t-1}``, where ``Delta`` sums the mixability gaps (how much the
     played mixture lost beyond its mix loss): no horizon and no loss scale to choose, it follows
     the leader while the leader keeps winning and hedges when the rounds disagree, and its regret
-    stays under ``sqrt(T ln K) + 2``. Before any gap (``Delta = 0``) it plays the leaders
-    uniformly. EXP3 takes the anytime rate ``sqrt(ln K / (t K))``.
+    stays under ``sqrt(T ln K) + 2`` with the uniform prior. Before any gap (``Delta = 0``) it
+    plays the leaders in proportion to their prior. EXP3 takes the anytime rate ``sqrt(ln K / (t K))``.
 
     ``active`` masks out the members that cannot run this learner's kind of job (a
     single-instance member on an N_max > 1 job): they are never played and learn nothing, so
@@ -155,9 +156,10 @@ class ExponentialWeights:
         self.active = np.ones(num_members, dtype=bool) if active is None else np.asarray(active, dtype=bool)
         if self.active.shape != (num_members,) or not self.active.any():
             raise ValueError(f"active must be {num_members} flags with at least one member active, got {active!r}")
-        self.prior = np.ones(num_members) if prior is None else np.asarray(prior, dtype=float)
-        if self.prior.shape != (num_members,) or not np.all(np.isfinite(self.prior) & (self.prior > 0)):
+        weights = np.ones(num_members) if prior is None else np.asarray(prior, dtype=float)
+        if weights.shape != (num_members,) or not np.all(np.isfinite(weights) & (weights > 0)):
             raise ValueError(f"prior must be {num_members} finite weights > 0, got {prior!r}")
+        self.prior = weights / weights.max()  # relative weights: scaled so that no sum of them overflows
         self.rounds = 0
         self.mixability_gap = 0.0
 
@@ -192,7 +194,7 @@ class ExponentialWeights:
         member); relative to the largest active weight, so a uniform prior adds exactly 0."""
         weights = np.where(self.active, self.prior, 0.0)
         with np.errstate(divide="ignore"):
-            return np.log(weights / weights.max())
+            return np.log(weights) - np.log(weights.max())
 
     def choose(self, u: float) -> tuple[int, float]:
         """The member a uniform draw ``u`` in [0, 1) picks, and the probability it was played with."""
@@ -323,7 +325,7 @@ class SelectorPolicy(Policy):
             only_theirs = [m for m in other.labels if m not in self.labels]
             members = f"only {mine} {only_mine}, only {theirs} {only_theirs}" if only_mine or only_theirs else "reordered"
             differ.insert(0, f"pool: members {members}")
-        elif self.priors.tolist() != other.priors.tolist():
+        elif not np.allclose(self.priors / self.priors.sum(), other.priors / other.priors.sum(), rtol=1e-12, atol=0.0):
             differ.insert(0, f"pool: prior weights {mine} {self.priors.tolist()}, {theirs} {other.priors.tolist()}")
         return differ
 
