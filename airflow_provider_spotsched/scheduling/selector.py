@@ -135,7 +135,7 @@ class ExponentialWeights:
     the learner is the same algorithm over the ``K`` active members, with ``ln K`` of those.
 
     ``prior`` weighs the members before any loss (relative weights, normalised over the active
-    members; default: uniform): ``p_t(i) ~ pi(i) exp(-eta_t * L_{t-1}(i))``. The regret against
+    members; default: uniform). The regret against
     member ``i`` is then at most ``(1 + ln(1/pi(i)) / ln K)`` times the mixability gaps' sum
     (twice it for the uniform prior), still O(sqrt T) against every member (docs/selector.md).
     """
@@ -325,7 +325,7 @@ class SelectorPolicy(Policy):
             only_theirs = [m for m in other.labels if m not in self.labels]
             members = f"only {mine} {only_mine}, only {theirs} {only_theirs}" if only_mine or only_theirs else "reordered"
             differ.insert(0, f"pool: members {members}")
-        elif not np.allclose(self.priors / self.priors.sum(), other.priors / other.priors.sum(), rtol=1e-12, atol=0.0):
+        elif not np.allclose(self.priors / self.priors.max(), other.priors / other.priors.max(), rtol=1e-12, atol=0.0):
             differ.insert(0, f"pool: prior weights {mine} {self.priors.tolist()}, {theirs} {other.priors.tolist()}")
         return differ
 
