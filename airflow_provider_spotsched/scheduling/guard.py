@@ -346,8 +346,8 @@ class GuardedPolicy(Policy):
         catch up, :meth:`_caught_up`). Once level it stays level: the same allocations make the same
         progress. Still behind once the shadow has finished, it keeps its N_max instances while
         they run at no more than on-demand prices (a restart would lose work), else the fewest
-        on-demand instances that finish it (N_max if none do). A choice that is not deadline-safe hands the job to the safety net for good,
-        exactly as every policy's does.
+        on-demand instances that finish it (N_max if none do). A choice that is not deadline-safe
+        hands the job to the safety net for good, exactly as every policy's does.
         """
         job, shadow = observation.job, self._shadow_progress
         if self.safety_net_at is not None:
