@@ -32,7 +32,7 @@ from airflow_provider_spotsched.backends.base import (
 )
 from airflow_provider_spotsched.backends.gce import GceBackend, job_label, name_prefix
 from airflow_provider_spotsched.market.launch import LaunchOutcome
-from airflow_provider_spotsched.scheduling.model import Allocation
+from airflow_provider_spotsched.scheduling.model import Allocation, JobError
 
 DATA = Path(__file__).parent / "data" / "gce"
 PROJECT = "spotsched-test"
@@ -594,3 +594,14 @@ def test_bad_configuration_is_a_clear_error(gce):
     with pytest.raises(BackendError, match="service account"):
         make_backend(gce).reconcile(leaky, Allocation((1, 0), 0))
     assert gce.inserts() == []
+
+
+@pytest.mark.parametrize("uri", ["/tmp/ckpt", "ckpt", "~/ckpt", "file:///tmp/ckpt", "local:///tmp/ckpt", "simplecache::file:///tmp/ckpt"])
+def test_a_checkpoint_uri_on_the_workers_own_disk_is_refused_before_any_call_to_compute_engine(gce, uri):
+    """The VMs cannot reach it: each would train from scratch and a preemption would lose the work."""
+    local = TrainingJob(JOB.job_id, JOB.command, uri, POOLS)
+    with pytest.raises(JobError, match=rf"^checkpoint_uri='{re.escape(uri)}': a path on this machine, which the gce "
+                                       r"instances cannot reach .* \(s3://BUCKET/PREFIX or gs://BUCKET/PREFIX\), or use backend='local'$"):
+        make_backend(gce).check_job(local)
+    make_backend(gce).check_job(JOB)  # gs://
+    assert gce.requests == []

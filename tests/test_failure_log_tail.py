@@ -3,13 +3,15 @@ recording backend), the real driver.
 
 The instance's start-up script (tests/test_backend_bootstrap_secrets_logs.py runs it) uploads its
 log to ``checkpoint_uri/logs/<instance>/train.log`` and tags ``spotsched:result=failed-N``; here
-moto holds the instance and its tag, the checkpoint URI is a local directory holding that log,
-and the driver must fail the run with the log's tail, read through the environment's ``locate``
-(the connection's credentials on Airflow), not ambient fsspec.
+moto holds the instance and its tag, fsspec's ``memory://`` stands in for the object store
+holding that log (an EC2 backend refuses a checkpoint URI on the worker's own disk), and the driver
+must fail the run with the log's tail, read through the environment's ``locate`` (the connection's
+credentials on Airflow), not ambient fsspec.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,17 @@ POOLS = ("us-east-1a", "us-east-1c")
 LOG = "".join(f"step {i} loss {3.0 - i / 100:.2f}\n" for i in range(400)) + "RuntimeError: CUDA error: out of memory\n"
 
 
-def test_a_failed_ec2_instance_fails_the_run_with_the_tail_of_its_uploaded_log(client, ec2, tmp_path, caplog):
+@pytest.fixture
+def store_uri(tmp_path: Path) -> Iterator[str]:
+    """A checkpoint URI in an object store the EC2 instances could reach (``memory://``), emptied after the test."""
+    uri = f"memory://spotsched-tail/{tmp_path.name}"
+    yield uri
+    memory = fsspec.filesystem("memory")
+    if memory.exists(uri):
+        memory.rm(uri, recursive=True)
+
+
+def test_a_failed_ec2_instance_fails_the_run_with_the_tail_of_its_uploaded_log(client, ec2, tmp_path, store_uri, caplog):
     opened: list[str] = []
 
     def locate(uri: str) -> tuple[AbstractFileSystem, str]:
@@ -47,16 +59,15 @@ def test_a_failed_ec2_instance_fails_the_run_with_the_tail_of_its_uploaded_log(c
     env = SpotEnvironment(backend=backend, market=ReplayedMarket(cached_trace(AWS_TRACE), 1.0, 48), locate=locate)
     job = Job(work=1000, deadline_hours=6.0, max_instances=1, throughput=Throughput(600.0, 0.0), value=100.0)
     config = RunConfig(f"tail-{tmp_path.name[-20:]}", job, POOLS, policy="uniform-progress", forecaster="persistence")
-    checkpoint = tmp_path / "ckpt"
     saved: list[dict[str, Any]] = []
-    driver = RunDriver.start(env, config, lambda uri: ["spotsched-train", "--checkpoint-uri", uri], str(checkpoint), saved.append)
+    driver = RunDriver.start(env, config, lambda uri: ["spotsched-train", "--checkpoint-uri", uri], store_uri, saved.append)
 
     status = backend.reconcile(driver.training, Allocation((1, 0), 0))
     (instance,) = status.instances
     ec2.create_tags(Resources=[instance.instance_id], Tags=[{"Key": "spotsched:result", "Value": "failed-1"}])
-    uploaded = log_uri(str(checkpoint), instance.instance_id)
-    Path(uploaded).parent.mkdir(parents=True)
-    Path(uploaded).write_text(LOG)  # what the start-up script's upload leaves
+    uploaded = log_uri(store_uri, instance.instance_id)
+    with fsspec.open(uploaded, "w") as handle:  # what the start-up script's upload leaves
+        handle.write(LOG)
 
     with pytest.raises(TrainingFailedError) as failure:
         driver.step()
@@ -70,12 +81,12 @@ def test_a_failed_ec2_instance_fails_the_run_with_the_tail_of_its_uploaded_log(c
     assert backend.status(driver.training).instances[0].state.value == "failed"
 
 
-def test_without_an_uploaded_log_the_failure_keeps_the_instance_detail_alone(client, ec2, tmp_path):
+def test_without_an_uploaded_log_the_failure_keeps_the_instance_detail_alone(client, ec2, tmp_path, store_uri):
     backend = make_backend(client, pools={p: p for p in POOLS}, on_demand="us-east-1d")
     env = SpotEnvironment(backend=backend, market=ReplayedMarket(cached_trace(AWS_TRACE), 1.0, 48))
     job = Job(work=1000, deadline_hours=6.0, max_instances=1, throughput=Throughput(600.0, 0.0), value=100.0)
     config = RunConfig(f"nolog-{tmp_path.name[-20:]}", job, POOLS, policy="uniform-progress", forecaster="persistence")
-    driver = RunDriver.start(env, config, lambda uri: ["spotsched-train"], str(tmp_path / "ckpt"), lambda state: None)
+    driver = RunDriver.start(env, config, lambda uri: ["spotsched-train"], store_uri, lambda state: None)
     (instance,) = backend.reconcile(driver.training, Allocation((1, 0), 0)).instances
     ec2.create_tags(Resources=[instance.instance_id], Tags=[{"Key": "spotsched:result", "Value": "failed-78"}])
 

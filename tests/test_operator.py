@@ -219,7 +219,7 @@ def test_a_retry_after_a_failure_relaunches_from_the_checkpoint_and_finishes_the
         ({"compute_conn_id": "no_such_conn"}, ConnectionMissingError,
          r"compute_conn_id='no_such_conn': no such connection\. Create it with `airflow connections add no_such_conn "
          r"--conn-type spotsched_local"),
-        ({"backend": "ec2", "compute_conn_id": "no_aws"}, ConnectionMissingError,
+        ({"backend": "ec2", "compute_conn_id": "no_aws", "checkpoint_uri": "s3://bucket/ckpt"}, ConnectionMissingError,
          r"compute_conn_id='no_aws': no such connection\. Create it with .* --conn-type aws"),
         ({"deadline": "2020-01-01T00:00:00Z"}, JobError, "has passed"),
         ({"work": 10, "steps": 3, "batch_size": 8}, JobError, r"size disagrees: work = 10, steps \* batch_size = 24"),

@@ -13,12 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_spotsched import GCP_TRACE
 from airflow_provider_spotsched.backends.local import LocalBackend
+from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.hooks.market_spec import MarketSpec
+from airflow_provider_spotsched.market.feed import ReplayedMarket
+from airflow_provider_spotsched.market.shipped import cached_trace
+from airflow_provider_spotsched.operators import fine_tune
 from airflow_provider_spotsched.operators.fine_tune import STATE_KEY
 from airflow_provider_spotsched.operators.solver import SpotAllocationSolverOperator
 from airflow_provider_spotsched.scheduling.model import JobError
 from tests.task_context import TaskContext, TaskStateStore
+from tests.test_backend_gce import gce, make_backend  # noqa: F401 (a fixture)
 from tests.test_operator import MARKET_START, operator, start
 
 
@@ -107,6 +113,11 @@ def test_poll_interval_below_zero_fails_when_the_dag_is_parsed_and_nothing_launc
         ({"deadline": datetime(2020, 1, 1, tzinfo=timezone.utc)}, r"has passed; give a later deadline"),
         ({"regions": ["us-east4", "us-east4"]}, r"^regions=\['us-east4', 'us-east4'\]: names \['us-east4'\] more than once"),
         ({"deferrable": "yes"}, r"^deferrable='yes': not a bool"),
+        ({"backend": "gce", "compute_conn_id": "gcp", "checkpoint_uri": "/data/ckpt"},
+         r"^checkpoint_uri='/data/ckpt': a path on this machine, which the gce instances cannot reach .* use backend='local'$"),
+        ({"backend": "ec2", "compute_conn_id": "aws", "checkpoint_uri": "file:///data/ckpt"},
+         r"^checkpoint_uri='file:///data/ckpt': a path on this machine, which the ec2 instances cannot reach .*"
+         r"\(s3://BUCKET/PREFIX or gs://BUCKET/PREFIX\)"),
     ],
     ids=lambda value: None if isinstance(value, str) else "-".join(f"{k}={v}" for k, v in value.items()),
 )
@@ -182,6 +193,22 @@ def test_a_hugging_face_token_secret_on_the_local_backend_is_refused_before_anyt
     with pytest.raises(JobError, match=r"^hf_token_secret is read on cloud instances \(ec2, gce\), not with backend='local'"):
         operator(tmp_path, hf_token_secret="projects/p/secrets/hf/versions/latest").execute(context)
     assert context["task_state_store"].get(STATE_KEY) is None and nothing_launched(tmp_path)
+
+
+def test_a_checkpoint_uri_rendered_to_a_path_on_the_worker_is_refused_on_a_cloud_backend_before_anything_launches(
+    tmp_path, monkeypatch, gce
+):
+    """The VMs run on other machines, out of reach of the worker's disk: each would train from scratch and a
+    preemption would lose the work. A template renders only when the task starts; the backend refuses it then."""
+    op = operator(tmp_path, backend="gce", compute_conn_id="gcp", checkpoint_uri="{{ params.checkpoints }}")
+    op.checkpoint_uri = str(tmp_path / "checkpoint")  # as rendered
+    env = SpotEnvironment(backend=make_backend(gce), market=ReplayedMarket(cached_trace(GCP_TRACE), 1.0, 48))
+    monkeypatch.setattr(fine_tune, "build_environment", lambda spec, slot_hours, market_source: env)
+    context = TaskContext(TaskStateStore())
+    with pytest.raises(JobError, match=rf"^checkpoint_uri='{re.escape(op.checkpoint_uri)}': a path on this machine, "
+                                       r"which the gce instances cannot reach"):
+        op.execute(context)
+    assert context["task_state_store"].get(STATE_KEY) is None and gce.requests == []
 
 
 @pytest.mark.parametrize("pool", ["europe-west10-a", "europe-west12-b", "us-east4-a"])

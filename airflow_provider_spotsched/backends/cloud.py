@@ -24,6 +24,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
 from airflow_provider_spotsched.backends.base import (
     ON_DEMAND,
     ComputeBackend,
@@ -35,7 +38,7 @@ from airflow_provider_spotsched.backends.base import (
 )
 from airflow_provider_spotsched.backends.bootstrap import Provider, startup_script
 from airflow_provider_spotsched.market.launch import LaunchRecorder
-from airflow_provider_spotsched.scheduling.model import Allocation
+from airflow_provider_spotsched.scheduling.model import Allocation, JobError
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,20 @@ PENDING_TIMEOUT = "PendingTimeout"
 def utc_now() -> datetime:
     """The clock a pending instance's wait is measured against (the cloud's timestamps are UTC-aware)."""
     return datetime.now(timezone.utc)
+
+
+def check_checkpoint_reachable(checkpoint_uri: str, backend: str) -> None:
+    """Refuse a checkpoint URI on this machine's own disk (a plain path, ``file://``, ``local://``:
+    fsspec's local filesystem, the last of a chain such as ``simplecache::file://``): a cloud
+    backend's instances run on other machines, so each would train from scratch, the run would
+    never read their progress, and a preemption would lose the work."""
+    protocol = fsspec.core.split_protocol(checkpoint_uri)[0] or "file"
+    if protocol.split("::")[-1] in LocalFileSystem.protocol:
+        raise JobError(
+            f"checkpoint_uri={checkpoint_uri!r}: a path on this machine, which the {backend} instances cannot reach "
+            "(each would start from scratch and a preemption would lose the work); give an object store they can "
+            "reach (s3://BUCKET/PREFIX or gs://BUCKET/PREFIX), or use backend='local'"
+        )
 
 
 class CloudBackend(ComputeBackend, Generic[Instance, Launched]):
@@ -102,8 +119,10 @@ class CloudBackend(ComputeBackend, Generic[Instance, Launched]):
         return self._status(job, self._list(job))
 
     def check_job(self, job: TrainingJob) -> None:
-        """Every pool placeable and the start-up script one the backend would send (no credential,
-        a secret as a reference, within the size limit), as the first launch would check them."""
+        """A checkpoint URI the instances can reach, every pool placeable and the start-up script one
+        the backend would send (no credential, a secret as a reference, within the size limit), as the
+        first launch would check them."""
+        check_checkpoint_reachable(job.checkpoint_uri, self.name)
         self._check(job, Allocation((1,) * len(job.pools), 1))
         startup_script(job, self.provider, poll_seconds=self.poll_seconds)
 

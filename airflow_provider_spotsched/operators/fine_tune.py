@@ -41,6 +41,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_spotsched.backends.base import TrainingJob
 from airflow_provider_spotsched.backends.bootstrap import HF_TOKEN_SECRET
+from airflow_provider_spotsched.backends.cloud import check_checkpoint_reachable
 from airflow_provider_spotsched.execution.driver import Finished, RunDriver
 from airflow_provider_spotsched.execution.environment import SpotEnvironment
 from airflow_provider_spotsched.execution.retry import retrying
@@ -57,6 +58,7 @@ from airflow_provider_spotsched.operators.lineage import (
     adapter_location,
     add_adapter_outlet,
     emit_adapter_event,
+    fixed_text,
 )
 from airflow_provider_spotsched.runtime.contract import runtime_command, write_config
 from airflow_provider_spotsched.scheduling.model import (
@@ -195,7 +197,8 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     :param checkpoint_uri: where checkpoints, ``progress.json``, the instances' logs (``logs/``)
         and the final adapter go (local path, ``s3://`` or ``gs://``); local backend default: under
         its workdir. The operator reaches it with ``compute_conn_id``'s credentials
-        (``ObjectStoragePath``); instances with their instance profile or service account.
+        (``ObjectStoragePath``); instances with their instance profile or service account. A
+        cloud backend refuses a path on the worker's own disk, which its instances cannot reach.
     :param hf_token_secret: the secret holding a Hugging Face token, read on each instance with
         its own identity and given to the training command as ``HF_TOKEN`` (never logged, never in
         user data): an AWS Secrets Manager ARN (``ec2``) or ``projects/P/secrets/S/versions/V``
@@ -342,8 +345,10 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     def _check_arguments(self) -> None:
         """Refuse, when the DAG is parsed, every argument no template will change: the ones not
         templated, and templated numbers given as numbers. Text may be a template; it is checked
-        when the task starts, after rendering."""
+        when the task starts, after rendering (a checkpoint_uri with no Jinja in it, now)."""
         BackendSpec(self.backend, self.compute_conn_id)  # a known backend, with a connection where it needs one
+        if self.backend in CLOUD_OPTIONS and fixed_text(self.checkpoint_uri) and self.checkpoint_uri:  # templated: check_job, at the start
+            check_checkpoint_reachable(self.checkpoint_uri, self.backend)
         if self.policy not in POLICIES:
             raise JobError(f"policy={self.policy!r}: not a registered policy; choose one of {sorted(POLICIES)}")
         if self.forecaster not in LIVE_FORECASTERS:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from airflow.sdk import Asset, BaseOperator
 
@@ -40,9 +40,14 @@ def adapter_location(checkpoint_uri: str) -> str:
     return f"{checkpoint_uri.rstrip('/')}/{ADAPTER_DIR}"
 
 
+def fixed_text(value: Any) -> TypeGuard[str]:
+    """Whether ``value`` is text the DAG file fixes: no Jinja in it, so every run renders it unchanged."""
+    return isinstance(value, str) and not any(m in value for m in TEMPLATE_MARKERS)
+
+
 def default_adapter_asset(dag_id: str, task_id: str, checkpoint_uri: Any) -> Asset:
     """The adapter's location when ``checkpoint_uri`` is fixed in the DAG file, else its ``spotsched://`` name."""
-    if isinstance(checkpoint_uri, str) and checkpoint_uri and not any(m in checkpoint_uri for m in TEMPLATE_MARKERS):
+    if fixed_text(checkpoint_uri) and checkpoint_uri:
         return Asset(location_uri(adapter_location(checkpoint_uri)))
     return create_asset(dag_id=dag_id, task_id=task_id)
 
