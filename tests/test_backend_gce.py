@@ -596,7 +596,7 @@ def test_bad_configuration_is_a_clear_error(gce):
     assert gce.inserts() == []
 
 
-@pytest.mark.parametrize("uri", ["/tmp/ckpt", "ckpt", "~/ckpt", "file:///tmp/ckpt", "local:///tmp/ckpt", "simplecache::file:///tmp/ckpt"])
+@pytest.mark.parametrize("uri", ["/tmp/ckpt", "ckpt", "~/ckpt", "file:///tmp/ckpt", "FILE:///tmp/ckpt", "local:///tmp/ckpt", "simplecache::file:///tmp/ckpt"])
 def test_a_checkpoint_uri_on_the_workers_own_disk_is_refused_before_any_call_to_compute_engine(gce, uri):
     """The VMs cannot reach it: each would train from scratch and a preemption would lose the work."""
     local = TrainingJob(JOB.job_id, JOB.command, uri, POOLS)

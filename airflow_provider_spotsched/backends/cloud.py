@@ -71,7 +71,7 @@ def check_checkpoint_reachable(checkpoint_uri: str, backend: str) -> None:
     backend's instances run on other machines, so each would train from scratch, the run would
     never read their progress, and a preemption would lose the work."""
     protocol = fsspec.core.split_protocol(checkpoint_uri)[0] or "file"
-    if protocol.split("::")[-1] in LocalFileSystem.protocol:
+    if protocol.split("::")[-1].lower() in LocalFileSystem.protocol:
         raise JobError(
             f"checkpoint_uri={checkpoint_uri!r}: a path on this machine, which the {backend} instances cannot reach "
             "(each would start from scratch and a preemption would lose the work); give an object store they can "
