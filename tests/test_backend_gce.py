@@ -596,7 +596,7 @@ def test_bad_configuration_is_a_clear_error(gce):
     assert gce.inserts() == []
 
 
-@pytest.mark.parametrize("uri", ["/tmp/ckpt", "ckpt", "~/ckpt", "file:///tmp/ckpt", "FILE:///tmp/ckpt", "local:///tmp/ckpt", "simplecache::file:///tmp/ckpt"])
+@pytest.mark.parametrize("uri", ["/tmp/ckpt", "ckpt", "~/ckpt", "file:///tmp/ckpt", "local:///tmp/ckpt", "simplecache::file:///tmp/ckpt"])
 def test_a_checkpoint_uri_on_the_workers_own_disk_is_refused_before_any_call_to_compute_engine(gce, uri):
     """The VMs cannot reach it: each would train from scratch and a preemption would lose the work."""
     local = TrainingJob(JOB.job_id, JOB.command, uri, POOLS)
@@ -604,4 +604,13 @@ def test_a_checkpoint_uri_on_the_workers_own_disk_is_refused_before_any_call_to_
                                        r"instances cannot reach .* \(s3://BUCKET/PREFIX or gs://BUCKET/PREFIX\), or use backend='local'$"):
         make_backend(gce).check_job(local)
     make_backend(gce).check_job(JOB)  # gs://
+    assert gce.requests == []
+
+
+@pytest.mark.parametrize("uri", ["FILE:///tmp/ckpt", "GS://bucket/ckpt", "simplecache::S3://bucket/ckpt"])
+def test_a_checkpoint_uri_with_its_scheme_in_capitals_is_refused_before_any_call_to_compute_engine(gce, uri):
+    """Airflow's storage reads ``GS://``, the instances' fsspec and start-up script do not."""
+    shouting = TrainingJob(JOB.job_id, JOB.command, uri, POOLS)
+    with pytest.raises(JobError, match=r"in capitals, which the gce instances' tools do not read; write it in lower case"):
+        make_backend(gce).check_job(shouting)
     assert gce.requests == []

@@ -69,9 +69,16 @@ def check_checkpoint_reachable(checkpoint_uri: str, backend: str) -> None:
     """Refuse a checkpoint URI on this machine's own disk (a plain path, ``file://``, ``local://``:
     fsspec's local filesystem, the last of a chain such as ``simplecache::file://``): a cloud
     backend's instances run on other machines, so each would train from scratch, the run would
-    never read their progress, and a preemption would lose the work."""
+    never read their progress, and a preemption would lose the work. A scheme in capitals
+    (``S3://``) is refused too: Airflow's storage reads it, but fsspec and the start-up script on
+    the instances do not."""
     protocol = fsspec.core.split_protocol(checkpoint_uri)[0] or "file"
-    if protocol.split("::")[-1].lower() in LocalFileSystem.protocol:
+    if protocol != protocol.lower():
+        raise JobError(
+            f"checkpoint_uri={checkpoint_uri!r}: the scheme {protocol!r} in capitals, which the {backend} instances' "
+            f"tools do not read; write it in lower case ({protocol.lower()}://...)"
+        )
+    if protocol.split("::")[-1] in LocalFileSystem.protocol:
         raise JobError(
             f"checkpoint_uri={checkpoint_uri!r}: a path on this machine, which the {backend} instances cannot reach "
             "(each would start from scratch and a preemption would lose the work); give an object store they can "
