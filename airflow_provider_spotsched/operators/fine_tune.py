@@ -345,7 +345,7 @@ class DeadlineSpotFineTuneOperator(AdapterLineageMixin, BaseOperator):
     def _check_arguments(self) -> None:
         """Refuse, when the DAG is parsed, every argument no template will change: the ones not
         templated, and templated numbers given as numbers. Text may be a template; it is checked
-        when the task starts, after rendering (a checkpoint_uri with no Jinja in it, now)."""
+        when the task starts, after rendering (a checkpoint_uri with no Jinja in it is checked here)."""
         BackendSpec(self.backend, self.compute_conn_id)  # a known backend, with a connection where it needs one
         if self.backend in CLOUD_OPTIONS and fixed_text(self.checkpoint_uri) and self.checkpoint_uri:  # templated: check_job, at the start
             check_checkpoint_reachable(self.checkpoint_uri, self.backend)
