@@ -14,6 +14,7 @@ from airflow_provider_spotsched.cli import main
 from airflow_provider_spotsched.market.trace import load_trace
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.replay import simulate
+from airflow_provider_spotsched.scheduling.selector import SelectorPolicy
 from airflow_provider_spotsched.simulation import evaluation as ev
 from airflow_provider_spotsched.simulation.evaluation import (
     COLUMNS,
@@ -124,6 +125,28 @@ def test_selector_learns_a_round_only_after_its_horizon(monkeypatch, slice_trace
     assert [p["start"] for p in plays] == [s.start_text for s in plan]
     assert all(set(p["probabilities"]) == set(learning["members"]) for p in plays)
     assert all(sum(p["probabilities"].values()) == pytest.approx(1.0) for p in plays)
+
+
+def test_a_member_that_is_an_evaluated_policy_takes_that_runs_utility_instead_of_a_replay(
+    monkeypatch, slice_trace, slice_path
+):
+    # the default grid evaluates chc-auto and uniform-progress, both selector members: replaying
+    # them for the selector's feedback would run the same deterministic job twice
+    pool = [{"policy": "greedy"}, {"policy": "prediction-free", "params": {"price_threshold": 0.5}}]
+    monkeypatch.setitem(ev.POLICY_SPECS, "selector", ev.PolicySpec("selector", "selector", (("pool", pool),)))
+    config = GridConfig(traces=(str(slice_path),), policies=("greedy", "selector"), **TINY)
+    (scenario,) = plan_scenarios(replace(config, scenarios=1), slice_trace)
+    replayed: list[str] = []
+    replay = SelectorPolicy._replay
+    monkeypatch.setattr(
+        SelectorPolicy, "_replay", lambda self, i, *args: replayed.append(self.labels[i]) or replay(self, i, *args)
+    )
+    run = run_scenario(config, scenario, ["greedy"], selector=True)
+    (greedy,) = run.rows
+    assert replayed == ["prediction-free(price_threshold=0.5,safety_slots=1.0)"]
+    assert run.member_utilities is not None and run.member_utilities["greedy"] == greedy.utility
+    job, market = scenario_job(config, slice_trace, scenario)
+    assert ev._build_selector(config.seed).counterfactual_utilities(job, market) == run.member_utilities  # a replay agrees
 
 
 def test_a_trace_split_by_kind_of_job_learns_as_one_sequence(monkeypatch, slice_trace, slice_path):

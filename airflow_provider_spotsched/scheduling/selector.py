@@ -541,6 +541,7 @@ class SelectorPolicy(Policy):
         job_market: JobMarket,
         true_throughput: TrueThroughput | None = None,
         estimate_throughput: bool = True,
+        known: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
         """Every member's utility had it run ``job`` on the realised ``job_market`` (the members
         that can run it: a single-instance member sits out an N_max > 1 job).
@@ -550,9 +551,15 @@ class SelectorPolicy(Policy):
         the declaration alone), as the played member did: replayed otherwise, every other member
         would finish sooner and cheaper than it could have, and the learner would score the
         played member against runs that never could happen.
+
+        ``known`` gives utilities by label that the caller already has from runs of the same
+        policies on the same job, market and throughput: those members are not replayed (a
+        member is deterministic given them, so its replay would give the same number).
         """
+        known = known or {}
         return {
-            self.labels[i]: self._replay(i, job, job_market, true_throughput, estimate_throughput)
+            self.labels[i]: known[self.labels[i]] if self.labels[i] in known
+            else self._replay(i, job, job_market, true_throughput, estimate_throughput)
             for i in self._active_indices(job)
         }
 

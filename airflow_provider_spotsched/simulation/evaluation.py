@@ -361,17 +361,24 @@ def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], se
 
     With ``selector``, also every selector pool member's utility on the scenario's realised
     market at the grid's true throughput: the selector's full-information feedback, computed
-    here so that it runs in parallel.
+    here so that it runs in parallel. A member that is one of the evaluated policies (the default
+    grid's `chc-auto` and `uniform-progress`) takes that run's utility rather than running again.
     """
     job, market = scenario_job(config, cached_trace(scenario.trace), scenario)
     rows = []
+    unseeded: dict[str, float] = {}
     for key in keys:
         spec = POLICY_SPECS[key]
         if not spec.runs_on(scenario.n_max):
             continue
-        rows.append(make_row(scenario, spec, simulate(spec.build(config.seed + scenario.index), job, market, *_truth(config))))
+        policy = spec.build(config.seed + scenario.index)
+        result = simulate(policy, job, market, *_truth(config))
+        rows.append(make_row(scenario, spec, result))
+        if not spec.seeded:
+            unseeded[policy.label] = result.outcome.utility
     utilities = (
-        _build_selector(config.seed).counterfactual_utilities(job, market, *_truth(config)) if selector else None
+        _build_selector(config.seed).counterfactual_utilities(job, market, *_truth(config), known=unseeded)
+        if selector else None
     )
     return ScenarioRun(scenario, rows, utilities)
 
