@@ -17,6 +17,7 @@ FORECASTERS: dict[str, str] = {
     "markov-count": "airflow_provider_spotsched.forecast.markov_count:MarkovCountForecaster",
     "sojourn-chain": "airflow_provider_spotsched.forecast.sojourn_chain:SojournChainForecaster",
     "auto": "airflow_provider_spotsched.forecast.auto:AutoForecaster",
+    "blend": "airflow_provider_spotsched.forecast.blend:BlendForecaster",
 }
 LIVE_FORECASTERS: tuple[str, ...] = tuple(name for name in FORECASTERS if name != "oracle")
 """The forecasters that read only the past, so can forecast a live market (the oracle reads the future)."""
@@ -49,6 +50,8 @@ def make_forecaster(name: str, params: Mapping[str, Any] | None = None, slot_hou
         for parameter in parameters("forecaster", FORECASTERS, name):
             if parameter in DURATION_DEFAULTS_HOURS:
                 params.setdefault(parameter, max(1, round(DURATION_DEFAULTS_HOURS[parameter] / slot_hours)))
+            elif parameter == "slot_hours":  # a forecaster made of others (blend) builds them for these slots
+                params.setdefault(parameter, slot_hours)
     return build("forecaster", FORECASTERS, name, params)
 
 
