@@ -130,7 +130,7 @@ def test_selector_learns_a_round_only_after_its_horizon(monkeypatch, slice_trace
 def test_a_member_that_is_an_evaluated_policy_takes_that_runs_utility_instead_of_a_replay(
     monkeypatch, slice_trace, slice_path
 ):
-    # the default grid evaluates chc-auto and uniform-progress, both selector members: replaying
+    # the default grid evaluates chc-blend and uniform-progress, both selector members: replaying
     # them for the selector's feedback would run the same deterministic job twice
     pool = [{"policy": "greedy"}, {"policy": "prediction-free", "params": {"price_threshold": 0.5}}]
     monkeypatch.setitem(ev.POLICY_SPECS, "selector", ev.PolicySpec("selector", "selector", (("pool", pool),)))

@@ -247,12 +247,11 @@ def test_a_pool_members_prior_is_kept_in_the_state_and_refused_when_malformed():
             SelectorPolicy([{**POOL[0], "prior": bad}])
 
 
-def test_the_default_pool_starts_its_favourites_twice_as_likely_as_the_others_together():
+def test_the_default_pool_starts_its_favourite_twice_as_likely_as_the_others_together():
     selector = SelectorPolicy(warm_up_rounds=0)
     weights = list(selector.weights(make_job()).values())
-    assert weights == pytest.approx([1 / 3, 1 / 3] + [1 / 21] * 7)
-    assert selector.labels[0].startswith("chc(window=24,commit=1,forecaster=sojourn-chain")
-    assert selector.labels[1].startswith("chc(window=24,commit=1,forecaster=auto")
+    assert weights == pytest.approx([2 / 3] + [1 / 21] * 7)
+    assert selector.labels[0].startswith("chc(window=24,commit=1,forecaster=blend")
 
 
 def test_hedge_follows_a_leader_that_keeps_winning():

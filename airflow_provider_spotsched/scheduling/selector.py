@@ -50,18 +50,18 @@ MAX_CONTEXTS = 32
 # Draws walk the golden-ratio (Weyl) sequence: each is uniform, and successive ones spread evenly.
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
-# Each commit-1 CHC member's prior weight against 1 for each other member: 7 of 21 each, 2/3 together.
-FAVOURITE_PRIOR = 7
+# The commit-1 CHC member's prior weight against 1 for each other member: 14 of 21, 2/3.
+FAVOURITE_PRIOR = 14
 
 # The two axes along which the paper builds its pool. CHC spans the commitment level (re-plan
 # every slot, or commit to 4 of 24); the prediction-free policy spans its price threshold, its
 # safety margin and how far above the cheapest offer it runs ahead of need. CHC members dominate
-# the cost of a full-information round (one replay each; the `auto` one about as much as the
-# eight others together), so there are three. The commit-1 CHC member was the best single member
-# in hindsight on most markets measured, while a kind's few warm-up windows often pointed
-# elsewhere; which forecaster it should plan on (the sojourn chain's availability chances or
-# `auto`'s) differs from market to market, so it comes twice, one on each, and the two start
-# twice as likely as the seven others together (docs/selector.md, "The favourites"). Every
+# the cost of a full-information round (one replay each; the blend's about as much as the seven
+# others together), so there are two. The commit-1 CHC member was the best single member in
+# hindsight on most markets measured, while a kind's few warm-up windows often pointed
+# elsewhere, so it starts twice as likely as the seven others together; which forecaster it
+# should plan on (the sojourn chain's availability chances or `auto`'s) differs from market to
+# market, so it plans on their equal mixture, the blend (docs/selector.md, "The favourite"). Every
 # member but UP runs under the cost guard (scheduling/guard.py): whichever the learner draws, no
 # job costs much more than UP would have paid. A stored state keeps the pool it was made with,
 # so states saved before the guard load and run unguarded, and states saved before the prior
@@ -69,12 +69,7 @@ FAVOURITE_PRIOR = 7
 DEFAULT_POOL: tuple[dict[str, Any], ...] = (
     {
         "policy": "chc",
-        "params": {"window": 24, "commit": 1, "forecaster": "sojourn-chain", "guard": DEFAULT_GUARD},
-        "prior": FAVOURITE_PRIOR,
-    },
-    {
-        "policy": "chc",
-        "params": {"window": 24, "commit": 1, "forecaster": "auto", "guard": DEFAULT_GUARD},
+        "params": {"window": 24, "commit": 1, "forecaster": "blend", "guard": DEFAULT_GUARD},
         "prior": FAVOURITE_PRIOR,
     },
     {"policy": "chc", "params": {"window": 24, "commit": 4, "forecaster": "sojourn-chain", "guard": DEFAULT_GUARD}},

@@ -100,6 +100,8 @@ def _policy_specs() -> dict[str, PolicySpec]:
         PolicySpec("prediction-free", "prediction-free"),
         *(PolicySpec(f"chc-{name}", "chc", _chc(forecaster=name)) for name in CHC_FORECASTERS if name != "auto"),
         PolicySpec("chc-auto", "chc", _chc(forecaster="auto", guard=DEFAULT_GUARD)),
+        # The selector's favourite member on its own (its utility is the selector's feedback too).
+        PolicySpec("chc-blend", "chc", _chc(forecaster="blend", guard=DEFAULT_GUARD)),
         PolicySpec("chc-auto-unguarded", "chc", _chc(forecaster="auto")),
         # Level chosen on seeded synthetic markets only (docs/policies-optimal-chc.md, section 5).
         PolicySpec(
@@ -118,7 +120,8 @@ PEERS: tuple[str, ...] = ("skynomad", "up-s", "up-ap")
 """SkyNomad's policy and its multi-region Uniform Progress baselines, single-instance as in its artifact."""
 
 POLICY_SPECS: dict[str, PolicySpec] = _policy_specs()
-# The default grid runs CHC on the forecaster the operator uses (auto), under the cost guard.
+# The default grid runs CHC on the forecaster the operator uses (auto), under the cost guard, and
+# on the blend, the selector's favourite member.
 # `make evaluate-forecasters` runs plain CHC on every forecaster (chc-auto-unguarded for auto) to
 # see what each buys; chc-auto-robust (about chc-auto's mean cost, measured in
 # docs/policies-optimal-chc.md) is named with --policies. The peers run on N_max = 1 cells only.
@@ -362,7 +365,7 @@ def run_scenario(config: GridConfig, scenario: Scenario, keys: Sequence[str], se
     With ``selector``, also every selector pool member's utility on the scenario's realised
     market at the grid's true throughput: the selector's full-information feedback, computed
     here so that it runs in parallel. A member that is one of the evaluated policies (the default
-    grid's `chc-auto` and `uniform-progress`) takes that run's utility rather than running again.
+    grid's `chc-blend` and `uniform-progress`) takes that run's utility rather than running again.
     """
     job, market = scenario_job(config, cached_trace(scenario.trace), scenario)
     rows = []
