@@ -23,9 +23,9 @@ class Fixed(Forecaster):
         return self.given
 
 
-def blend_of(*forecasts: Forecast) -> BlendForecaster:
-    blend = BlendForecaster(("persistence", "markov-count")[: len(forecasts)])
-    blend.parts = [Fixed(f) for f in forecasts]
+def blend_of(first: Forecast, second: Forecast) -> BlendForecaster:
+    blend = BlendForecaster(("persistence", "markov-count"))
+    blend.parts = [Fixed(first), Fixed(second)]
     return blend
 
 

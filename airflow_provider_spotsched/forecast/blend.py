@@ -1,9 +1,9 @@
-"""An equal mixture of two forecasters' predictions: a forecast combination.
+"""An equal mixture of other forecasters' predictions: a forecast combination.
 
 Which forecaster CHC should plan on is a property of the market: `auto` (per lead time, a model
-that beat persistence beyond chance on the recent past) wins where the pools follow a daily
-pattern or drift, the sojourn chain (a count's chance of moving by how long it has held) where
-capacity flaps or holds for days. A job cannot know beforehand which market it runs in, and a
+that beat persistence beyond chance on the recent past) pays on some (the shipped traces, daily
+cycles), the sojourn chain (a count's chance of moving by how long it has held) on others
+(capacity that flaps or crunches). A job cannot know beforehand which market it runs in, and a
 selector learns it only over rounds. Averaging the two predictive distributions is the classic
 hedge (forecast combination): where they agree it changes nothing, where they disagree the plan
 counts on what the mixture gives with even odds.
