@@ -425,10 +425,7 @@ class SelectorPolicy(Policy):
         learner = self._learner(job)
         on_demand = on_demand_cost(job, job_market.market.on_demand_price)
         if self.algorithm == "hedge":
-            for index in self._active_indices(job):
-                if self.labels[index] not in known:
-                    known[self.labels[index]] = self._replay(index, job, job_market, true_throughput)
-            active = {self.labels[i]: known[self.labels[i]] for i in self._active_indices(job)}
+            active = self.counterfactual_utilities(job, job_market, true_throughput, known=known)
             losses = shortfall_losses(active, on_demand)
             learner.learn_full([losses.get(label, 0.0) for label in self.labels])
         else:
