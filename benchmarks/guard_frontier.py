@@ -1,7 +1,7 @@
 """What the cost guard leaves a policy that knew the future: the hindsight optimum within its bound.
 
-``docs/guard.md``: under the guard every slot must keep ``C(<=t) + pi * gap <= (1 + lambda) *
-C_UP(<=t)`` (and a job trailing UP keeps the handover margin). No guarded policy can pay less than
+``docs/guard.md``: under the guard every slot must keep ``C(<=t) + pi * gap <= C_UP(<=t) + lambda *
+(C_UP(<=t) + f * (L - W_UP))`` (``guard.allowed_cost``; a job trailing UP keeps the handover margin). No guarded policy can pay less than
 the cheapest schedule that keeps it after every slot on the realised market, so that schedule is
 the limit of what better forecasts can buy under the guard. This computes it with the exact
 planner (the guard's ``CostLimit`` built from UP's realised run, the whole horizon at once, as
@@ -22,7 +22,7 @@ import numpy as np
 from bench_guard import chc_params
 
 from airflow_provider_spotsched.market.shipped import cached_trace
-from airflow_provider_spotsched.scheduling.guard import catch_up_price, handover_margin
+from airflow_provider_spotsched.scheduling.guard import allowed_cost, catch_up_price, handover_margin, work_price_floor
 from airflow_provider_spotsched.scheduling.model import Allocation, Job, Progress, advance
 from airflow_provider_spotsched.scheduling.planner import CostLimit, solve_plan
 from airflow_provider_spotsched.scheduling.policies import make_policy
@@ -47,9 +47,11 @@ def guarded_optimum(job: Job, market: JobMarket, up: list[Allocation], guard: fl
     """The cost of the cheapest schedule that keeps the guard's invariant after every slot."""
     slots = market.job_slots
     shadow = run_through(job, market, up)
+    shadow_work = np.array([job.work if p.done else p.work_done for p in shadow])
+    floor = np.array([work_price_floor(job, market.market.prefix(market.offset + t + 1)) for t in range(len(shadow))])
     limit = CostLimit(
-        cost_cap=guard * np.array([p.cost for p in shadow]),
-        shadow_work=np.array([job.work if p.done else p.work_done for p in shadow]),
+        cost_cap=allowed_cost(guard, job, np.array([p.cost for p in shadow]), shadow_work, floor),
+        shadow_work=shadow_work,
         shadow_at_work=np.array([not p.done for p in shadow]),
         catch_up_price=catch_up_price(job, slots.on_demand_price),
         handover_margin=handover_margin(job),

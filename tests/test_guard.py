@@ -3,6 +3,8 @@ predictions are right, deadline safety kept, and its parameter checked."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate
-from airflow_provider_spotsched.scheduling.guard import GuardedPolicy, handover_allowance
+from airflow_provider_spotsched.scheduling.guard import GuardedPolicy, handover_allowance, work_price_floor
 from airflow_provider_spotsched.scheduling.model import Allocation, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy
@@ -70,9 +72,36 @@ def spot_then_nothing():
     return job, whole(make_market(price, available, on_demand_price=3.0))
 
 
-def bound(job, up_cost: float, guard: float, on_demand_price: float) -> float:
-    """The guard's stated bound (docs/guard.md): guard x UP's cost, plus the handover allowance."""
-    return guard * up_cost + handover_allowance(job, on_demand_price) + 1e-9
+def with_free_history(market: JobMarket) -> JobMarket:
+    """``market`` after one slot of history in which every pool offered spot for next to nothing:
+    the floor price of a unit of work is then ~0, and the guard allows lambda x UP's cost so far
+    and nothing ahead (the tightest guard, which the handover tests below need to reach)."""
+    inner = market.market
+    free = SlotMarket(
+        pools=inner.pools,
+        start=inner.start - timedelta(hours=inner.slot_hours),
+        slot_hours=inner.slot_hours,
+        spot_price=np.vstack([np.full((1, inner.num_pools), 1e-9), inner.spot_price]),
+        available=np.vstack([np.full((1, inner.num_pools), 64), inner.available]),
+        on_demand_price=inner.on_demand_price,
+    )
+    return JobMarket(free, market.offset + 1)
+
+
+def floor_at_submission(job, market: JobMarket) -> float:
+    """The guard's floor price of a unit of work when the job is submitted."""
+    return work_price_floor(job, market.market.prefix(market.offset + 1))
+
+
+def exact_bound(job, up_cost: float, guard: float, floor: float) -> float:
+    """The guard's bound for a job never handed over (docs/guard.md): guard x UP's cost, plus
+    lambda x the work at the floor price, which the spot prices after submission may undercut."""
+    return guard * up_cost + (guard - 1) * job.work * floor + 1e-9
+
+
+def bound(job, up_cost: float, guard: float, on_demand_price: float, floor: float = 0.0) -> float:
+    """The guard's stated bound (docs/guard.md): the above, plus the handover allowance."""
+    return exact_bound(job, up_cost, guard, floor) + handover_allowance(job, on_demand_price)
 
 
 def test_a_misled_chc_pays_far_above_up_and_the_guard_keeps_it_within_the_bound():
@@ -100,7 +129,7 @@ def test_the_member_decides_again_after_tracking_and_the_guard_switches_when_tra
     policy = DeadlineChecked(misled_chc(), 1.2)
     guarded = simulate(policy, job, market).outcome
     assert policy.topped_up_slots == 8 and policy.tracked_slots == 0 and policy.switched_at == 9
-    assert guarded.cost <= bound(job, up.cost, 1.2, market.market.on_demand_price)
+    assert guarded.cost <= bound(job, up.cost, 1.2, market.market.on_demand_price, floor_at_submission(job, market))
     assert not guarded.soft_miss
 
 
@@ -108,11 +137,11 @@ def test_an_overruled_member_runs_as_many_instances_as_up_on_the_cheapest_spot_n
     """UP keeps its instances in the pool it started in (Can't Be Late's exploitation rule) when
     a cheaper pool opens; where the misled CHC is overruled, the job runs UP's instance count
     in the cheaper pool: no more behind UP than tracking would leave it, at less than half the
-    price, and within the bound."""
+    price, and within the bound. (With a floor price of ~0, so the guard allows nothing ahead.)"""
     job = make_job(work=24.0, deadline_hours=12.0, max_instances=4, reconfig_overhead_hours=0.25, value=200.0)
     price = [[2.0, 9.0]] + [[2.5, 1.0]] * (job.horizon_slots - 1)
     available = [[4, 0]] + [[4, 4]] * (job.horizon_slots - 1)
-    market = whole(make_market(price, available, on_demand_price=3.0))
+    market = with_free_history(whole(make_market(price, available, on_demand_price=3.0)))
     up = simulate(UniformProgressPolicy(), job, market)
     policy = DeadlineChecked(misled_chc(), 1.2)
     guarded = simulate(policy, job, market)
@@ -156,6 +185,72 @@ def test_the_guard_stays_silent_when_the_forecast_is_right():
     assert guarded.allocations == unguarded.allocations
 
 
+def test_the_floor_is_the_cheapest_offer_at_the_most_work_per_instance_hour():
+    """Prices of pools without capacity do not count; with a fixed cost per run (beta < 0) more
+    instances give more work per instance-hour, with beta > 0 fewer do; nothing offered: on-demand."""
+    market = make_market([[0.5, 2.0], [1.5, 1.0]], [[0, 4], [2, 4]], on_demand_price=3.0)
+    assert work_price_floor(make_job(max_instances=4, throughput=Throughput(1.0, 0.0)), market) == pytest.approx(1.0)
+    assert work_price_floor(make_job(max_instances=4, throughput=Throughput(1.0, 1.0)), market) == pytest.approx(1.0 / 2.0)
+    assert work_price_floor(make_job(max_instances=4, throughput=Throughput(1.0, -0.5)), market) == pytest.approx(4 / 3.5)
+    nothing = make_market([[0.5, 2.0]], [[0, 0]], on_demand_price=3.0)
+    assert work_price_floor(make_job(max_instances=4), nothing) == pytest.approx(3.0)
+
+
+def cheap_pool_later():
+    """Pool 0 at 1.6 from the start; pool 1 at 1.0 from slot 2: waiting two slots for it pays."""
+    job = make_job(work=24.0, deadline_hours=16.0, max_instances=2, value=200.0)
+    slots = job.horizon_slots
+    price = np.tile([1.6, 1.0], (slots, 1))
+    available = np.array([[2, 0] if t < 2 else [2, 2] for t in range(slots)])
+    return job, whole(make_market(price, available, on_demand_price=3.0))
+
+
+def test_the_allowance_lets_a_right_forecast_wait_at_the_start_where_ups_cost_so_far_would_not():
+    """UP starts at once on the dearer pool. CHC on the realised market waits two slots for the
+    cheaper one: it trails UP by four units of work, priced at on-demand in the invariant. Within
+    lambda x UP's cost so far (1.6 x 2 x 1.2 after slot 0) that wait is overruled in its first slot;
+    within lambda x a lower bound of UP's final cost (its cost so far, the rest of its work at the
+    floor price) it runs, and costs less than UP."""
+    job, market = cheap_pool_later()
+    up = simulate(UniformProgressPolicy(), job, market)
+    assert up.allocations[0] == Allocation((2, 0), 0)
+    oracle = {"window": 24, "commit": 1, "forecaster": "oracle"}
+    unguarded = simulate(make_policy("chc", oracle), job, market)
+    assert unguarded.allocations[:2] == [Allocation((0, 0), 0)] * 2
+
+    policy = DeadlineChecked(CHCPolicy(**oracle), 1.2)
+    guarded = simulate(policy, job, market)
+    assert guarded.allocations == unguarded.allocations
+    assert policy.topped_up_slots == 0 and policy.tracked_slots == 0 and policy.switched_at is None
+    assert guarded.outcome.cost < up.outcome.cost and not guarded.outcome.soft_miss
+
+    tightest = with_free_history(market)  # floor ~0: lambda x UP's cost so far alone
+    overruled = simulate(DeadlineChecked(CHCPolicy(**oracle), 1.2), job, tightest)
+    assert overruled.allocations[0].total == 2  # it runs as many instances as UP from the start
+    assert overruled.outcome.cost > guarded.outcome.cost
+
+
+def test_prices_that_fall_below_the_floor_cost_at_most_lambda_x_the_work_at_the_floor_more():
+    """The adversary of the allowance: the member waits on the strength of the floor price, then
+    spot falls to a tenth of it, so UP's final cost is far below what the allowance assumed.
+    The job still meets its deadline and pays within guard x UP's cost + lambda x its work at
+    the floor price (+ the handover allowance where it is handed over)."""
+    job = make_job(work=24.0, deadline_hours=16.0, max_instances=2, reconfig_overhead_hours=0.25, value=200.0)
+    slots = job.horizon_slots
+    price = np.array([[1.0] if t < 3 else [0.1] for t in range(slots)])
+    available = np.full((slots, 1), 2)
+    market = whole(make_market(price, available, on_demand_price=3.0))
+    up = simulate(UniformProgressPolicy(), job, market).outcome
+    floor = floor_at_submission(job, market)
+    for inner in (misled_chc(), misled_chc(blind=False)):
+        policy = DeadlineChecked(inner, 1.2)
+        guarded = simulate(policy, job, market).outcome
+        assert not guarded.soft_miss
+        assert guarded.cost <= bound(job, up.cost, 1.2, 3.0, floor)
+        if policy.switched_at is None:
+            assert guarded.cost <= exact_bound(job, up.cost, 1.2, floor)
+
+
 def test_a_job_slower_than_declared_is_not_handed_over_for_work_no_allocation_lost():
     """Declared 30% too fast, the job's measured work trails the shadow after its first slot by
     what the declaration promised and the truth did not give: no allocation lost it, and UP at
@@ -195,7 +290,7 @@ def test_the_bound_holds_on_seeded_synthetic_markets(seed, slack):
         policy = DeadlineChecked(inner, 1.2)
         guarded = simulate(policy, job, market).outcome
         assert policy.safety_net_at is None  # the case the bound leaves out does not arise here
-        assert guarded.cost <= bound(job, up.cost, 1.2, market.market.on_demand_price)
+        assert guarded.cost <= bound(job, up.cost, 1.2, market.market.on_demand_price, floor_at_submission(job, market))
         assert not guarded.soft_miss
 
 
@@ -208,9 +303,10 @@ def test_the_bound_holds_on_random_markets(scenario: Scenario):
         policy = DeadlineChecked(inner, 1.1)
         guarded = simulate(policy, job, market).outcome
         assert not guarded.soft_miss
-        if policy.switched_at is None:  # never handed over: the bound holds without the reconfiguration
-            assert guarded.cost <= 1.1 * up.cost + 1e-9
-        assert guarded.cost <= bound(job, up.cost, 1.1, market.market.on_demand_price)
+        floor = floor_at_submission(job, market)
+        if policy.switched_at is None:  # never handed over: the bound holds without the handover allowance
+            assert guarded.cost <= exact_bound(job, up.cost, 1.1, floor)
+        assert guarded.cost <= bound(job, up.cost, 1.1, market.market.on_demand_price, floor)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -317,13 +413,14 @@ class Splitter(Policy):
 
 
 def test_a_handed_over_job_catches_up_on_an_idle_shadow_with_the_fewest_on_demand_instances():
-    """Handed over one restart (1 work unit) behind UP, the job tracks UP; when UP idles (no spot,
+    """Handed over one restart (1 work unit) behind UP (floor price ~0: the tightest guard), the
+    job tracks UP; when UP idles (no spot,
     ahead of its line) the job makes up the unit on 2 on-demand instances, not N_max = 4: the
     shadow's next allocation restarts it too, so the job stays level, and the other two would be
     on-demand hours bought past the gap (found at 1.27 x UP on a synthetic market)."""
     job = make_job(work=48.0, deadline_hours=24.0, max_instances=4, reconfig_overhead_hours=0.25, value=500.0)
     available = np.array([[4, 4] if (t < 6 or t >= 9) else [0, 0] for t in range(job.horizon_slots)])
-    market = whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0))
+    market = with_free_history(whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0)))
     up = simulate(UniformProgressPolicy(), job, market)
     assert up.allocations[6:9] == [Allocation((0, 0), 0)] * 3  # UP idles while no spot is offered
 
@@ -343,7 +440,7 @@ def test_the_fewest_on_demand_instances_that_catch_up_are_never_below_the_jobs_m
     simulator, found by the random-market bound test)."""
     job = make_job(work=48.0, deadline_hours=24.0, max_instances=4, min_instances=3, reconfig_overhead_hours=0.25, value=500.0)
     available = np.array([[4, 4] if (t < 6 or t >= 9) else [0, 0] for t in range(job.horizon_slots)])
-    market = whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0))
+    market = with_free_history(whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0)))
     policy = DeadlineChecked(Splitter(), 1.2)
     run = simulate(policy, job, market)
     assert policy.switched_at == 4

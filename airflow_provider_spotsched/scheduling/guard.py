@@ -9,10 +9,13 @@ cheap enough, else fall back on the robust algorithm for good):
 - UP runs in shadow on the same market. Prices and availability are exogenous, so the shadow's
   allocations and its cost so far ``C_UP(<=t)`` are exactly what UP would have done and paid.
 - Each slot the member's choice stands while, after it,
-  ``C(<=t) + pi * gap(t+1) <= (1 + lambda) * C_UP(<=t)``, where ``gap`` is the work by which the
-  job's allocations trail the shadow's, both at the throughput the job is now seen to have, and
-  ``pi`` the highest on-demand price of a unit of work: what catching up could cost if spot
-  never came back.
+  ``C(<=t) + pi * gap(t+1) <= C_UP(<=t) + lambda * (C_UP(<=t) + f * (L - W_UP))``, where ``gap``
+  is the work by which the job's allocations trail the shadow's, both at the throughput the job
+  is now seen to have, ``pi`` the highest on-demand price of a unit of work (what catching up
+  could cost if spot never came back), and the bracket a lower bound of UP's final cost: what it
+  has paid, and its work left at ``f``, the least a unit of work has cost on the market so far.
+  Against UP's cost so far alone the allowance would be nothing at the start of a job, when
+  waiting for cheaper capacity pays most.
 - Otherwise the member's choice, topped up to as many instances as the shadow runs (the rest on
   the cheapest capacity), runs if it keeps the invariant; else the shadow's allocation. Either
   way it is for that slot only, and the member decides again the next slot. Only when the
@@ -89,6 +92,25 @@ def handover_allowance(job: Job, on_demand_price: float) -> float:
     return restarts + 2 * on_demand_price * job.max_instances * job.slot_hours
 
 
+def work_price_floor(job: Job, past: SlotMarket) -> float:
+    """The least a unit of work has cost on this market so far: its cheapest spot offer (a pool
+    with capacity; the on-demand price if none) at the instance count that gives the most work
+    per instance-hour."""
+    offered = past.available >= 1
+    cheapest = min(float(past.spot_price[offered].min()), past.on_demand_price) if offered.any() else past.on_demand_price
+    n = job.min_instances if job.throughput.beta >= 0 else job.max_instances
+    return cheapest * n / job.rate(n)
+
+
+def allowed_cost(guard: float, job: Job, shadow_cost: Any, shadow_work: Any, floor: Any) -> Any:
+    """The invariant's right-hand side: what the job may have spent, catching up included, when
+    the shadow has paid ``shadow_cost`` for ``shadow_work`` (numbers, or arrays over slots): its
+    cost so far plus lambda x a lower bound of its final cost (that cost so far, and the rest of
+    its work at ``floor``, :func:`work_price_floor`; a bound while no later price undercuts it)."""
+    rest = np.maximum(job.work - np.asarray(shadow_work, dtype=float), 0.0)
+    return shadow_cost + (guard - 1.0) * (shadow_cost + rest * floor)
+
+
 def topped_up_to(choice: Allocation, instances: int, observation: Observation) -> Allocation | None:
     """``choice`` plus the cheapest capacity left (spot within on-demand prices, then on-demand)
     up to ``instances`` in all; ``None`` if it already holds that many.
@@ -144,6 +166,7 @@ class GuardedPolicy(Policy):
         self._ran: list[Allocation] = []  # the job's allocation in each slot before the current one
         self._ran_progress = Progress()  # their work at the throughput below
         self._throughput: Throughput | None = None  # the job's H(n) as last seen: both models' throughput
+        self._floor = 0.0  # work_price_floor of the market seen so far
         self.switched_at: int | None = None
         """The slot from which the job tracks the shadow for good; ``None`` while the inner policy may run it."""
         self.tracked_slots = 0
@@ -175,6 +198,7 @@ class GuardedPolicy(Policy):
         self._shadow_ran, self._shadow_progress = [], Progress()
         self._ran, self._ran_progress = [], Progress()
         self._throughput = None
+        self._floor = 0.0
         self.switched_at = None
         self.tracked_slots = 0
         self.topped_up_slots = 0
@@ -225,7 +249,7 @@ class GuardedPolicy(Policy):
 
     def within_bound(self, observation: Observation, choice: Allocation, restart_reserve: bool = False) -> bool:
         """Whether, after ``choice``, cost so far plus catching up with the shadow stays within
-        ``guard`` x the shadow's cost so far, and a job trailing a shadow still at work keeps
+        :func:`allowed_cost`, and a job trailing a shadow still at work keeps
         :func:`handover_margin` of slack (once the shadow is done, catching up is N_max
         instances from the next slot, which the member's own deadline safety already allows).
 
@@ -236,12 +260,14 @@ class GuardedPolicy(Policy):
         after = self._job_so_far(observation)
         advance(job, after, choice, observation.spot_price, on_demand)
         shadow = self._shadow_progress
-        gap = 0.0 if after.done else max((job.work if shadow.done else shadow.work_done) - after.work_done, 0.0)
+        shadow_work = job.work if shadow.done else shadow.work_done
+        gap = 0.0 if after.done else max(shadow_work - after.work_done, 0.0)
         if gap > 0 and not shadow.done and not is_deadline_safe(job, observation, choice, handover_margin(job)):
             return False
         if gap > 0 and restart_reserve:
             gap += job.reconfig_overhead_hours * job.rate(job.max_instances)
-        return after.cost + catch_up_price(job, on_demand) * gap <= self.guard * shadow.cost + 1e-9
+        allowed = allowed_cost(self.guard, job, shadow.cost, shadow_work, self._floor)
+        return after.cost + catch_up_price(job, on_demand) * gap <= allowed + 1e-9
 
     def window_limit(self, observation: Observation, price: np.ndarray, available: np.ndarray) -> CostLimit:
         """The invariant over a window of ``price`` and ``available`` rows (row 0 the current
@@ -267,7 +293,7 @@ class GuardedPolicy(Policy):
         # (:meth:`_remeasure`): the shadow's work moves by their difference.
         measured_apart = observation.work_done - self._job_so_far(observation).work_done
         return CostLimit(
-            cost_cap=self.guard * np.asarray(costs) - observation.cost_so_far,
+            cost_cap=allowed_cost(self.guard, job, np.asarray(costs), np.asarray(works), self._floor) - observation.cost_so_far,
             shadow_work=np.asarray(works) + measured_apart,
             shadow_at_work=np.asarray(at_work),
             catch_up_price=catch_up_price(job, on_demand),
@@ -286,6 +312,7 @@ class GuardedPolicy(Policy):
                 "reset the policy before a new job"
             )
         self._remeasure(observation)
+        self._floor = work_price_floor(observation.job, observation.past)
         shadow = self._shadow_progress
         while shadow.slot <= observation.slot and not shadow.done:
             self._shadow_ran.append(step_shadow(self._shadow, shadow, observation.job, observation.past, observation.past_offset))
