@@ -47,8 +47,8 @@ from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, fit
 
 DEFAULT_GUARD = 1.2
 """The default factor 1 + lambda, from a 1.25 x UP target: a job the guard never hands over costs
-at most 1.2 x UP exactly, which leaves 0.05 x UP for the handover's additive term (see
-``docs/guard.md``)."""
+at most 1.2 x UP exactly where no price undercuts the market's floor, which leaves 0.05 x UP for
+the handover's additive term (see ``docs/guard.md``)."""
 
 
 def check_guard(guard: object) -> float:
