@@ -230,25 +230,39 @@ def test_the_allowance_lets_a_right_forecast_wait_at_the_start_where_ups_cost_so
     assert overruled.outcome.cost > guarded.outcome.cost
 
 
+class Dearest(Policy):
+    """N_max instances in the dearest pool on offer: spends the guard's room as fast as it can."""
+
+    name = "dearest"
+
+    def decide(self, observation: Observation) -> Allocation:
+        pool = int(np.argmax(observation.spot_price))
+        spot = [0] * observation.past.num_pools
+        spot[pool] = observation.job.max_instances
+        return Allocation(tuple(spot), 0)
+
+
 def test_prices_that_fall_below_the_floor_cost_at_most_lambda_x_the_work_at_the_floor_more():
-    """The adversary of the allowance: the member waits on the strength of the floor price, then
-    spot falls to a tenth of it, so UP's final cost is far below what the allowance assumed.
-    The job still meets its deadline and pays within guard x UP's cost + lambda x its work at
-    the floor price (+ the handover allowance where it is handed over)."""
+    """The adversary of the allowance: a member spends the room on the dearer pool while the
+    floor is 1, then every price falls to a tenth of it, so UP's final cost is far below the
+    lower bound the room was sized on. Handed over once the room is spent (slot 2), the job pays
+    about 1.5 x UP: more than 1.2 x UP, within 1.2 x UP + lambda x its work at the floor price,
+    the bound's floor term. With a floor of ~0 (the old room) it runs UP's allocations throughout."""
     job = make_job(work=24.0, deadline_hours=16.0, max_instances=2, reconfig_overhead_hours=0.25, value=200.0)
     slots = job.horizon_slots
-    price = np.array([[1.0] if t < 3 else [0.1] for t in range(slots)])
-    available = np.full((slots, 1), 2)
-    market = whole(make_market(price, available, on_demand_price=3.0))
+    price = np.array([[1.0, 2.0] if t < 3 else [0.1, 0.1] for t in range(slots)])
+    market = whole(make_market(price, np.full((slots, 2), 2), on_demand_price=3.0))
     up = simulate(UniformProgressPolicy(), job, market).outcome
     floor = floor_at_submission(job, market)
-    for inner in (misled_chc(), misled_chc(blind=False)):
-        policy = DeadlineChecked(inner, 1.2)
-        guarded = simulate(policy, job, market).outcome
-        assert not guarded.soft_miss
-        assert guarded.cost <= bound(job, up.cost, 1.2, 3.0, floor)
-        if policy.switched_at is None:
-            assert guarded.cost <= exact_bound(job, up.cost, 1.2, floor)
+    policy = DeadlineChecked(Dearest(), 1.2)
+    guarded = simulate(policy, job, market).outcome
+    assert not guarded.soft_miss and policy.switched_at == 2
+    assert 1.2 * up.cost < guarded.cost <= exact_bound(job, up.cost, 1.2, floor)
+
+    tightest = DeadlineChecked(Dearest(), 1.2)
+    old_room = simulate(tightest, job, with_free_history(market)).outcome
+    assert not old_room.soft_miss and tightest.switched_at is None
+    assert old_room.cost <= 1.2 * up.cost + 1e-9
 
 
 def test_a_job_slower_than_declared_is_not_handed_over_for_work_no_allocation_lost():
