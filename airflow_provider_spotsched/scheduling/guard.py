@@ -96,8 +96,7 @@ def work_price_floor(job: Job, past: SlotMarket) -> float:
     """The least a unit of work has cost on this market so far: its cheapest spot offer (a pool
     with capacity; the on-demand price if none) at the instance count that gives the most work
     per instance-hour."""
-    offered = past.available >= 1
-    cheapest = min(float(past.spot_price[offered].min()), past.on_demand_price) if offered.any() else past.on_demand_price
+    cheapest = float(np.min(past.spot_price[past.available >= 1], initial=past.on_demand_price))
     n = job.min_instances if job.throughput.beta >= 0 else job.max_instances
     return cheapest * n / job.rate(n)
 
