@@ -428,10 +428,10 @@ class Splitter(Policy):
 
 def test_a_handed_over_job_catches_up_on_an_idle_shadow_with_the_fewest_on_demand_instances():
     """Handed over one restart (1 work unit) behind UP (floor price ~0: the tightest guard), the
-    job tracks UP; when UP idles (no spot,
-    ahead of its line) the job makes up the unit on 2 on-demand instances, not N_max = 4: the
-    shadow's next allocation restarts it too, so the job stays level, and the other two would be
-    on-demand hours bought past the gap (found at 1.27 x UP on a synthetic market)."""
+    job tracks UP; when UP idles (no spot, ahead of its line) the job makes up the unit on 2
+    on-demand instances, not N_max = 4: the shadow's next allocation restarts it too, so the job
+    stays level, and the other two would be on-demand hours bought past the gap (found at 1.27 x
+    UP on a synthetic market)."""
     job = make_job(work=48.0, deadline_hours=24.0, max_instances=4, reconfig_overhead_hours=0.25, value=500.0)
     available = np.array([[4, 4] if (t < 6 or t >= 9) else [0, 0] for t in range(job.horizon_slots)])
     market = with_free_history(whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0)))
