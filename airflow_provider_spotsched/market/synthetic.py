@@ -47,6 +47,9 @@ FLAP_STREAM = 1  # the flapping episodes' random stream, apart from the seed's m
 CRUNCH_STREAM = 2  # the spreading crunches' random stream
 REGIME_SHARE = {PLENTY: 1.0, SCARCE: 0.25, NONE: 0.0}
 """The share of a pool's capacity each regime offers (scarce: a quarter, rounded down, at least 1)."""
+REGIME_MOVES = {PLENTY: (SCARCE, NONE), SCARCE: (PLENTY, NONE), NONE: (SCARCE, PLENTY)}
+"""Where a pool goes when it leaves a regime: the first with :data:`FIRST_MOVE_CHANCE`, else the second."""
+FIRST_MOVE_CHANCE = 0.7
 MAX_EVENTS_PER_DAY = 24  # one shock, flap episode or crunch an hour: more is a typo (and overflows the draws)
 
 
@@ -207,14 +210,13 @@ def _regimes(config: SyntheticMarketConfig, rng: np.random.Generator, ticks: int
     if not config.regimes:
         return regime
     leave = 1.0 / (config.mean_regime_hours * per_hour)  # chance per tick of leaving the regime
-    moves = {PLENTY: (SCARCE, NONE), SCARCE: (PLENTY, NONE), NONE: (SCARCE, PLENTY)}
     state = rng.choice([PLENTY, SCARCE, NONE], size=config.pools, p=[0.6, 0.3, 0.1])
     shock_chance = config.shock_rate_per_day / (24.0 * per_hour)
     shock_left = 0
     for t in range(ticks):
         for m in range(config.pools):
             if rng.random() < leave:
-                state[m] = moves[int(state[m])][0 if rng.random() < 0.7 else 1]
+                state[m] = REGIME_MOVES[int(state[m])][0 if rng.random() < FIRST_MOVE_CHANCE else 1]
         if shock_left == 0 and rng.random() < shock_chance:
             shock_left = int(rng.uniform(1.0, 4.0) * per_hour)
         regime[t] = np.where(shock_left > 0, np.maximum(state, SCARCE), state)
