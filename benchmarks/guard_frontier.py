@@ -11,6 +11,7 @@ grid's jobs. Plain script:
 
     python benchmarks/guard_frontier.py --scenarios 8 --guards 1.2 1.5
     python benchmarks/guard_frontier.py --traces /tmp/sel/s41.csv.gz --scenarios 4
+    python benchmarks/guard_frontier.py --scenarios 8 --nmax 1     # the single-instance jobs
 """
 
 from __future__ import annotations
@@ -66,8 +67,11 @@ def main() -> None:
     parser.add_argument("--traces", nargs="+", default=list(default.traces), help="trace files (default: the shipped two)")
     parser.add_argument("--scenarios", type=int, default=2, help="start times per trace")
     parser.add_argument("--guards", nargs="+", type=float, default=[1.2], help="guard factors 1 + lambda")
+    parser.add_argument("--nmax", nargs="+", type=int, default=list(default.n_max), help="N_max values of the grid")
     args = parser.parse_args()
-    config = GridConfig(traces=tuple(args.traces), scenarios=args.scenarios, policies=("uniform-progress",))
+    config = GridConfig(
+        traces=tuple(args.traces), scenarios=args.scenarios, n_max=tuple(args.nmax), policies=("uniform-progress",)
+    )
     up_excess: list[float] = []
     limit: dict[float, list[float]] = {g: [] for g in args.guards}
     chc: dict[float, list[float]] = {g: [] for g in args.guards}
