@@ -20,9 +20,9 @@ from airflow_provider_spotsched.market.synthetic import (
     NONE,
     PLENTY,
     REGIME_MOVES,
-    REGIME_SHARE,
     SCARCE,
     SyntheticMarketConfig,
+    regime_counts,
 )
 
 LEADS = 6
@@ -39,15 +39,10 @@ def tick_chain(config: SyntheticMarketConfig) -> np.ndarray:
     return chain
 
 
-def regime_levels(config: SyntheticMarketConfig) -> np.ndarray:
-    """The count each regime offers, as the generator writes it (scarce: at least 1)."""
-    scarce = max(int(np.floor(REGIME_SHARE[SCARCE] * config.capacity)), 1)
-    return np.array([config.capacity, scarce, 0])
-
-
 def main() -> None:
     config = SyntheticMarketConfig()
-    levels = regime_levels(config)
+    counts = regime_counts(config.capacity)
+    levels = np.array([counts[regime] for regime in REGIMES])
     order = np.argsort(levels)
     per_slot = np.linalg.matrix_power(tick_chain(config), int(round(60.0 / config.tick_minutes)))
     print(f"{'count now':<10} " + " ".join(f"{lead:>4} h" for lead in range(1, LEADS + 1)))

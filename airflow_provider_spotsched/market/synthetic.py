@@ -162,9 +162,8 @@ def generate(config: SyntheticMarketConfig) -> SyntheticMarket:
     rng = np.random.default_rng(config.seed)
     ticks, pools, per_hour = config.ticks, config.pools, 60.0 / config.tick_minutes
     regime = _regimes(config, rng, ticks, per_hour)
-    share = np.vectorize(REGIME_SHARE.get)(regime)
-    available = np.floor(share * config.capacity).astype(int)
-    available[(regime == SCARCE) & (available < 1)] = 1
+    counts = regime_counts(config.capacity)
+    available = np.array([counts[PLENTY], counts[SCARCE], counts[NONE]])[regime]
     if config.flap_episodes_per_day > 0:
         _flap(config, available, per_hour)
     if config.crunches_per_day > 0:
@@ -184,6 +183,14 @@ def generate(config: SyntheticMarketConfig) -> SyntheticMarket:
     scarcity = np.where(regime == PLENTY, 1.0, 1.4)  # a short pool costs more
     spot = np.minimum(mean[None, :] * cycle * noise * scarcity, config.on_demand_price * 0.95)
     return SyntheticMarket(config, np.round(spot, 4), available, tuple(collapses))
+
+
+def regime_counts(capacity: int) -> dict[int, int]:
+    """The count each regime offers a pool of ``capacity``: its share, rounded down, and at least 1
+    while scarce (a scarce pool still offers something)."""
+    counts = {regime: int(np.floor(share * capacity)) for regime, share in REGIME_SHARE.items()}
+    counts[SCARCE] = max(counts[SCARCE], 1)
+    return counts
 
 
 def write_trace(market: SyntheticMarket, path: str | Path) -> Path:
