@@ -245,6 +245,30 @@ def test_a_worker_that_leaves_on_notice_is_preempted_too(make_harness):
     wait_for("the supervisor to exit", lambda: not h.backend.supervisor_running(h.job))
 
 
+def test_a_drop_the_scheduler_moves_away_from_before_the_supervisor_looks_is_still_a_preemption(make_harness):
+    """The supervisor is held stopped while pool-0 loses its capacity, so the scheduler's move to
+    pool-1 reaches the backend before the market's drop does (the race a loaded machine can lose
+    either way): the pool-0 instance is still preempted by the market, not released by the move."""
+    h = make_harness([[1, 1]] * 3 + [[0, 1]], seconds_per_slot=2.0)
+    h.backend.reconcile(h.job, Allocation((1, 0), 0))
+    (before,) = h.wait_running(1).instances
+    jobdir = h.backend.jobdir(h.job)
+    clock = MarketClock.from_dict(json.loads(jobdir.clock_file.read_text()))
+    supervisor = h.supervisor()["pid"]
+    with jobdir.lock():  # so that it is not stopped holding the job's lock
+        os.kill(supervisor, signal.SIGSTOP)
+    try:
+        wait_for("pool-0's drop", lambda: clock.slot(time.time()) >= 3)
+        h.backend.reconcile(h.job, Allocation((0, 1), 0))
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    wait_for("the pool-0 instance to end", lambda: h.states()[before.instance_id] not in (RUNNING, PENDING))
+    (ended,) = [i for i in h.status().instances if i.instance_id == before.instance_id]
+    assert ended.state is InstanceState.PREEMPTED
+    assert "spot capacity of pool-0 fell to 0" in ended.detail
+    assert h.wait_running(1).active(h.job.pools) == Allocation((0, 1), 0)
+
+
 def test_insufficient_capacity_launches_what_it_can_and_is_recorded(make_harness):
     h = make_harness([[1, 0]])
     status = h.backend.reconcile(h.job, Allocation((3, 0), 0))

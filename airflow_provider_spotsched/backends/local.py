@@ -46,6 +46,7 @@ from airflow_provider_spotsched.backends.local_processes import (
     signal_group,
     wait_gone,
 )
+from airflow_provider_spotsched.backends.local_supervisor import preempt_beyond_capacity
 from airflow_provider_spotsched.backends.market_clock import AWS_NOTICE_SECONDS, MarketClock
 from airflow_provider_spotsched.market.launch import LaunchOutcome, LaunchRecorder
 from airflow_provider_spotsched.market.slots import SlotMarket
@@ -106,6 +107,7 @@ class LocalBackend(ComputeBackend):
             state.outcome = None  # a reconcile after a failure is a retry
             clock = MarketClock.from_dict(read_json(jobdir.clock_file))
             now = time.time()
+            preempt_beyond_capacity(jobdir, state, clock, now)  # before the supervisor, if it has not looked yet
             wanted = {pool: min(count, clock.capacity(pool, now)) for pool, count in zip(job.pools, target.spot)}
             wanted[ON_DEMAND] = target.on_demand
             outcomes = []

@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -153,6 +154,13 @@ class JobDir:
 
     def notice_file(self, record: WorkerRecord, generation: int) -> Path:
         return self.notices / f"{record.instance_id}.g{generation}"
+
+    def log_event(self, kind: str, record: WorkerRecord, **fields: Any) -> None:
+        """Append what was done to a worker to ``events.jsonl``: the job's timeline, for people and the benchmark."""
+        line = {"time": time.time(), "event": kind, "instance_id": record.instance_id, "pool": record.pool,
+                "generation": record.generation, "rank": record.rank, **fields}
+        with open(self.events, "a") as handle:
+            handle.write(json.dumps(line) + "\n")
 
 
 def read_json(path: Path) -> Any:

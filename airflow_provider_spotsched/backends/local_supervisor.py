@@ -28,7 +28,6 @@ The supervisor exits when no instance is wanted and no worker runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -36,7 +35,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -58,6 +56,33 @@ from airflow_provider_spotsched.runtime.contract import EXIT_DONE, EXIT_PREEMPTE
 
 BOUNDARY_MARGIN_S = 0.002  # wake this far past a slot boundary, so that the clock reads the new slot
 STOP_STATES = {"preempted": InstanceState.PREEMPTED, "released": InstanceState.RELEASED}
+
+
+def preempt_beyond_capacity(jobdir: JobDir, state: JobState, clock: MarketClock, now: float) -> None:
+    """The market's preemption: the spot workers beyond their pool's availability at ``now`` are
+    marked preempted, a running one with a notice (SIGTERM follows once it is over).
+
+    The supervisor applies it at every tick and slot boundary, and the backend's ``reconcile``
+    before it changes the worker set: a capacity drop that the scheduler moves away from in the
+    same slot is a preemption, as on a cloud, whichever of the two processes looks first.
+    """
+    for pool in {r.pool for r in state.live() if r.pool != ON_DEMAND}:
+        live = state.live(pool)
+        capacity = clock.capacity(pool, now)
+        excess = len(live) - capacity
+        # workers not started yet go first (no notice needed), then the highest ranks
+        waiting = [r for r in live if r.pid is None]
+        running = sorted((r for r in live if r.pid is not None), key=lambda r: -(r.rank or 0))
+        victims = waiting + running
+        for record in victims[: max(excess, 0)]:
+            record.stop_reason = "preempted"
+            record.detail = f"spot capacity of {pool} fell to {capacity} at slot {clock.slot(now)}"
+            if record.pid is None:
+                state.generation += 1
+                continue
+            record.notice_at, record.term_at = now, now + clock.notice_seconds
+            jobdir.notice_file(record, record.generation).touch()
+            jobdir.log_event("notice", record, slot=clock.slot(now))
 
 
 class SupervisorStopped(Exception):
@@ -159,7 +184,7 @@ class Supervisor:
             code = None  # started by a dead supervisor: its exit code is lost
         if record.exited_at is None:  # not recorded yet
             record.exit_code, record.exited_at = code, time.time()
-            self.log_event("exited", record, exit_code=code)
+            self.jobdir.log_event("exited", record, exit_code=code)
             self.record_exit(state, record, code)
         if not marked(str(self.jobdir.path), record.instance_id):
             self.processes.pop(record.instance_id, None)
@@ -210,23 +235,7 @@ class Supervisor:
 
     def apply_market(self, state: JobState, now: float) -> None:
         """Notify and then stop the spot workers beyond their pool's availability."""
-        for pool in {r.pool for r in state.live() if r.pool != ON_DEMAND}:
-            live = state.live(pool)
-            capacity = self.clock.capacity(pool, now)
-            excess = len(live) - capacity
-            # workers not started yet go first (no notice needed), then the highest ranks
-            waiting = [r for r in live if r.pid is None]
-            running = sorted((r for r in live if r.pid is not None), key=lambda r: -(r.rank or 0))
-            victims = waiting + running
-            for record in victims[: max(excess, 0)]:
-                record.stop_reason = "preempted"
-                record.detail = f"spot capacity of {pool} fell to {capacity} at slot {self.clock.slot(now)}"
-                if record.pid is None:
-                    state.generation += 1
-                    continue
-                record.notice_at, record.term_at = now, now + self.clock.notice_seconds
-                self.jobdir.notice_file(record, record.generation).touch()
-                self.log_event("notice", record, slot=self.clock.slot(now))
+        preempt_beyond_capacity(self.jobdir, state, self.clock, now)
         for record in state.with_process():
             if record.stop_reason == "preempted" and record.signalled_at is None and now >= (record.term_at or now):
                 state.generation += 1  # the notice is over: the worker set changes now
@@ -239,11 +248,11 @@ class Supervisor:
                 if record.live and record.exited_at is None:  # stopping to restart: not training until the new set starts
                     record.state, record.detail = InstanceState.PENDING.value, "restarting for a new worker set"
                 self.signal_worker(record.instance_id, record.worker_pid, record.started, signal.SIGTERM)
-                self.log_event("sigterm", record, reason=record.stop_reason or "restart")
+                self.jobdir.log_event("sigterm", record, reason=record.stop_reason or "restart")
             elif not record.killed and now - record.signalled_at > self.stop_timeout_s:
                 record.killed = True
                 self.signal_worker(record.instance_id, record.worker_pid, record.started, signal.SIGKILL)
-                self.log_event("sigkill", record)
+                self.jobdir.log_event("sigkill", record)
 
     def signal_worker(self, instance_id: str, pid: int, started: float | None, signum: int) -> None:
         """Send ``signum`` to every process of one worker: its process group and descendants
@@ -317,14 +326,7 @@ class Supervisor:
         self.processes[record.instance_id] = process
         record.pid, record.started = process.pid, create_time(process.pid)
         record.state, record.detail = InstanceState.RUNNING.value, f"rank {rank} of {world}"
-        self.log_event("launched", record, world_size=world, pid=process.pid)
-
-    def log_event(self, kind: str, record: WorkerRecord, **fields: Any) -> None:
-        """Append what was done to a worker to ``events.jsonl``: the job's timeline, for people and the benchmark."""
-        line = {"time": time.time(), "event": kind, "instance_id": record.instance_id, "pool": record.pool,
-                "generation": record.generation, "rank": record.rank, **fields}
-        with open(self.jobdir.events, "a") as handle:
-            handle.write(json.dumps(line) + "\n")
+        self.jobdir.log_event("launched", record, world_size=world, pid=process.pid)
 
     def abort(self, exc: BaseException) -> None:
         """On a crash or SIGTERM: end the workers (restartable by the next reconcile) and say why."""
