@@ -9,7 +9,7 @@ draws loss differences of equal expectation (the null), correlated exactly so (e
 consecutive independent shocks), over ``origins`` origins, and prints the share the test passes
 per lead: its real size, to set beside the nominal one. Two kinds of shocks: normal, and sparse
 (zero but for a jump one slot in ten, as where a count sticks for hours and errors come from its
-jumps). Plain script, about ten seconds:
+jumps). Plain script, a few seconds:
 
     python scripts/dm_test_size.py [--draws 4000] [--origins 144] [--seed 0]
 """
@@ -26,6 +26,7 @@ from airflow_provider_spotsched.forecast.auto import AutoForecaster, diebold_mar
 
 LEADS = (1, 2, 3, 4, 5, 6, 12, 24)
 JUMP_CHANCE = 0.1
+AUTO = AutoForecaster()  # its default settings: the significance and the origins a bucket is scored on
 
 
 def normal_shocks(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -42,7 +43,7 @@ def size_of_test(
     """Share of ``draws`` null samples that the test passes at `auto`'s default significance, with
     the lags `auto` gives a bucket whose last lead is ``lead`` (origins one slot apart)."""
     rng = np.random.default_rng(seed)
-    critical = ndtri(1.0 - AutoForecaster().significance)
+    critical = ndtri(1.0 - AUTO.significance)
     passed = 0
     for _ in range(draws):
         differences = np.convolve(shocks(rng, origins + lead - 1), np.ones(lead), mode="valid")
@@ -54,11 +55,10 @@ def size_of_test(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=4000, help="null samples per lead and kind of shock")
-    parser.add_argument("--origins", type=int, default=AutoForecaster().origins, help="origins a bucket is scored on")
+    parser.add_argument("--origins", type=int, default=AUTO.origins, help="origins a bucket is scored on")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    nominal = AutoForecaster().significance
-    print(f"one-sided test at {nominal:.0%}, {args.origins} origins, {args.draws} draws; share passed under the null")
+    print(f"one-sided test at {AUTO.significance:.0%}, {args.origins} origins, {args.draws} draws; share passed under the null")
     print(f"{'lead':>4}  {'normal shocks':>13}  {'sparse shocks':>13}")
     for lead in LEADS:
         normal = size_of_test(normal_shocks, lead, args.origins, args.draws, args.seed)
