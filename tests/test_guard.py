@@ -460,3 +460,24 @@ def test_the_fewest_on_demand_instances_that_catch_up_are_never_below_the_jobs_m
     assert policy.switched_at == 4
     assert run.allocations[6] == Allocation((0, 0), 3)
     assert all(a.total == 0 or a.total >= 3 for a in run.allocations)
+
+
+def test_a_job_behind_a_finished_shadow_finishes_on_the_spot_offered_not_on_on_demand():
+    """Handed over one unit behind UP, the job tracks UP's 4 instances in the cheaper pool, and
+    UP finishes at the end of slot 11. In slot 12 that pool offers only 2, so the job cannot run
+    on; 2 instances finish it there, and in its last slot spot is as sure as on-demand (no later
+    slot to lose it in): they run in the pool, not on-demand at three times the price (found on
+    a 5-zone subset of the GCP trace, where 6 on-demand instances ended a job at 1.27 x UP)."""
+    job = make_job(work=47.0, deadline_hours=24.0, max_instances=4, reconfig_overhead_hours=0.25, value=500.0)
+    available = np.array([[4, 4] if t < 12 else [2, 4] for t in range(job.horizon_slots)])
+    market = with_free_history(whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0)))
+    up = simulate(UniformProgressPolicy(), job, market)
+    assert up.outcome.completion_hours == 12.0 and up.allocations[4:] == [Allocation((4, 0), 0)] * 8
+
+    policy = DeadlineChecked(Splitter(), 1.2)
+    run = simulate(policy, job, market)
+    assert policy.switched_at == 4 and run.allocations[4:12] == up.allocations[4:12]
+    assert run.allocations[12] == Allocation((2, 0), 0)  # 2 x 0.75 h of work make up the unit
+    assert run.outcome.completion_hours == 12.75 and not run.outcome.soft_miss
+    # the same as the job whose last slot ran 2 on-demand instances, less their price difference
+    assert run.outcome.cost == pytest.approx(up.outcome.cost + 2 * 4 * 0.15 + 2 * 0.75 * 1.0)

@@ -372,8 +372,9 @@ class GuardedPolicy(Policy):
         catch up, :meth:`_caught_up`). Once level it stays level: the same allocations make the same
         progress. Still behind once the shadow has finished, it keeps its N_max instances while
         they run at no more than on-demand prices (a restart would lose work), else the fewest
-        on-demand instances that finish it (N_max if none do). A choice that is not deadline-safe
-        hands the job to the safety net for good, exactly as every policy's does.
+        instances that finish it, spot first (:meth:`_cheapest_finish`; N_max on-demand if none
+        do). A choice that is not deadline-safe hands the job to the safety net for good, exactly
+        as every policy's does.
         """
         job, shadow = observation.job, self._shadow_progress
         if self.safety_net_at is not None:
@@ -381,6 +382,9 @@ class GuardedPolicy(Policy):
         finished_before = shadow.done and shadow.slot <= observation.slot
         if finished_before and self._keeps(observation):
             return observation.previous
+        finishing = self._cheapest_finish(observation) if finished_before else None
+        if finishing is not None and is_deadline_safe(job, observation, finishing):
+            return finishing
         choice = self._shadow_choice(observation)
         level = job.work if shadow.done else shadow.work_done
         after = self._job_so_far(observation)
@@ -391,6 +395,24 @@ class GuardedPolicy(Policy):
             return choice
         self.safety_net_at = observation.slot
         return safety_net_allocation(observation)
+
+    def _cheapest_finish(self, observation: Observation) -> Allocation | None:
+        """The fewest instances that finish the job in this slot, on the cheapest capacity (spot
+        by price, then on-demand); None where not even N_max do.
+
+        In the job's last slot spot is as sure as on-demand: what a pool offers now runs the whole
+        slot, and no later slot follows to lose it in. So once the shadow has finished and the
+        job's own instances cannot run on (a pool lost some), the instances that finish it go to
+        spot where spot is offered, for the same work at no more than the on-demand bill.
+        """
+        job = observation.job
+        for instances in range(job.min_instances, job.max_instances + 1):
+            candidate = cheapest_allocation(instances, observation.spot_price, observation.available, observation.on_demand_price)
+            after = self._job_so_far(observation)
+            advance(job, after, candidate, observation.spot_price, observation.on_demand_price)
+            if after.done:
+                return candidate
+        return None
 
     def _caught_up(self, observation: Observation, choice: Allocation, level: float, fewest: bool) -> Allocation:
         """``choice`` (the shadow's allocation) with on-demand instances added to catch up: up to
