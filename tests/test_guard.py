@@ -479,5 +479,5 @@ def test_a_job_behind_a_finished_shadow_finishes_on_the_spot_offered_not_on_on_d
     assert policy.switched_at == 4 and run.allocations[4:12] == up.allocations[4:12]
     assert run.allocations[12] == Allocation((2, 0), 0)  # 2 x 0.75 h of work make up the unit
     assert run.outcome.completion_hours == 12.75 and not run.outcome.soft_miss
-    # the same as the job whose last slot ran 2 on-demand instances, less their price difference
+    # UP's bill, plus 2 instances in the dearer pool for 4 slots, plus the 2 spot instances' 0.75 h
     assert run.outcome.cost == pytest.approx(up.outcome.cost + 2 * 4 * 0.15 + 2 * 0.75 * 1.0)
