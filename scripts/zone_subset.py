@@ -19,11 +19,15 @@ from pathlib import Path
 def subset(lines: list[str], pools: int, seed: int) -> tuple[list[str], list[str]]:
     """The header and the rows of ``pools`` pools drawn with ``seed``, and the pools drawn."""
     header, rows = lines[0], lines[1:]
-    every = sorted({row.split(",")[1] for row in rows})
+    names = [name.strip() for name in header.split(",")]
+    if "market" not in names:
+        raise SystemExit(f"the header {header!r} has no 'market' column; is this a trace in the spec's format?")
+    column = names.index("market")  # the spec fixes the columns, not their order
+    every = sorted({row.split(",")[column] for row in rows})
     if not 1 <= pools <= len(every):
         raise SystemExit(f"--pools {pools}: the trace has {len(every)} pools; give 1 to {len(every)}")
     kept = set(random.Random(1000 * seed + len(every)).sample(every, pools))
-    return [header, *(row for row in rows if row.split(",")[1] in kept)], sorted(kept)
+    return [header, *(row for row in rows if row.split(",")[column] in kept)], sorted(kept)
 
 
 def main() -> None:
