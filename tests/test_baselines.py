@@ -6,9 +6,11 @@ N_min = 1, N_max = 2, soft deadline 6 h, slots of 1 h, no overhead; on-demand co
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from airflow_provider_spotsched.scheduling.model import Allocation
+from airflow_provider_spotsched.scheduling.model import Allocation, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.greedy import GreedyPolicy
 from airflow_provider_spotsched.scheduling.policies.on_demand import OnDemandPolicy
@@ -272,13 +274,21 @@ def test_late_a_short_rest_of_the_job_does_not_keep_it_off_spot():
     assert safety_net_allocation(observation) == spot(2, 0)
 
 
-def test_late_a_job_on_n_max_on_demand_stays_there():
-    # as the safety net's rule has it: leaving costs a restart, and the estimate may call late
-    # a job that on-demand would still bring in on time
-    job = make_job(reconfig_overhead_hours=0.25, hard_deadline_factor=2.0)
-    observation = late_observation(job, od(2), 0.5, 5, [1.0, 1.0])
+@pytest.mark.parametrize("slot, work_done, chosen", [(2, 1.0, od(2)), (3, 0.0, spot(2, 0))])
+def test_late_a_job_on_n_max_on_demand_leaves_it_only_once_even_its_declaration_is_late(slot, work_done, chosen):
+    # measured at half its declared speed, the job is late on on-demand in both cases. Slot 2
+    # with 7 units left: at the declared 2 units/h on-demand ends at 5.5 h, on time, and the
+    # estimate errs low, so it stays (leaving would cost a restart). Slot 3 with 8 left: even
+    # declared it ends at 7 h, after d + delta; on-demand then counts as any running allocation,
+    # and spot saves 4 USD a slot against a restart of 0.25 h * (2 USD/h + 30 / 6 h) = 1.75
+    declared = make_job(reconfig_overhead_hours=0.25, hard_deadline_factor=2.0)
+    estimated = replace(declared, throughput=Throughput(0.5))
+    observation = replace(
+        late_observation(estimated, od(2), work_done, slot, [1.0, 1.0]), declared_throughput=declared.throughput
+    )
     assert soft_deadline_lost(observation)
-    assert safety_net_allocation(observation) == od(2)
+    assert soft_deadline_lost(observation, observation.declared_job) == (chosen != od(2))
+    assert safety_net_allocation(observation) == chosen
 
 
 @pytest.mark.parametrize("flapping, chosen", [(False, spot(2)), (True, od(2, pools=1))])

@@ -274,6 +274,24 @@ def test_an_online_run_past_its_soft_deadline_finishes_on_spot_as_the_simulator_
     assert all(entry["allocation"]["on_demand"] == 0 for entry in run.decision_log())
 
 
+def test_an_online_run_on_demand_and_late_even_as_declared_moves_to_spot_as_the_simulator_does(gcp_market):
+    # 60 units on 4 instances take 15.25 h as declared (the start included), all of d: UP runs
+    # on-demand from slot 0. At 1/1.3 of that speed even the declared one would end after
+    # d + delta from slot 2 on: on-demand is then a running allocation like any other, and spot at
+    # a fifth of its price saves more than the restart costs. It ran on-demand to the end before
+    job = make_job(work=60.0, deadline_hours=15.25, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
+    truth = TrueThroughput(SLOWER)
+    config = RunConfig("run-late-od", job, gcp_market.pools, policy="uniform-progress")
+    run = drive_slower(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, truth)
+    reference = simulate(make_policy("uniform-progress", {}), job, JobMarket(gcp_market, HISTORY), truth)
+    assert reference.outcome.soft_miss and not reference.outcome.hard_miss
+    assert run.result()["cost"] == pytest.approx(reference.outcome.cost, rel=1e-9)
+    assert run.result()["completion_hours"] == pytest.approx(reference.outcome.completion_hours)
+    on_demand = [entry["allocation"]["on_demand"] for entry in run.decision_log()]
+    assert on_demand[:2] == [4, 4] and not any(on_demand[2:])
+    assert run.result()["cost"] < on_demand_cost(job, gcp_market.on_demand_price) / 2
+
+
 def test_an_online_state_from_before_the_estimate_still_loads(gcp_market):
     run = OnlineRun.start(RunConfig("run-old", make_job(), gcp_market.pools), gcp_market.prefix(HISTORY + 1), NOW)
     run.decide(0.0, NOW)

@@ -126,18 +126,20 @@ def topped_up_to(choice: Allocation, instances: int, observation: Observation) -
     return Allocation(tuple(n + e for n, e in zip(choice.spot, extra.spot)), choice.on_demand + extra.on_demand)
 
 
-def step_shadow(policy: Policy, shadow: Progress, job: Job, market: SlotMarket, offset: int) -> Allocation:
-    """Run the shadow ``policy`` through its next slot on ``market`` (whose row ``offset`` is the
-    job's slot 0), advancing ``shadow`` in place; returns the allocation it ran."""
-    row = offset + shadow.slot
+def step_shadow(policy: Policy, shadow: Progress, observation: Observation, market: SlotMarket) -> Allocation:
+    """Run the shadow ``policy`` through its next slot on ``market`` (whose row
+    ``observation.past_offset`` is the job's slot 0), advancing ``shadow`` in place; returns the
+    allocation it ran. The shadow sees the job as the member's ``observation`` does."""
+    job, row = observation.job, observation.past_offset + shadow.slot
     seen = Observation(
         job=job,
         slot=shadow.slot,
         past=market.prefix(row + 1),
-        past_offset=offset,
+        past_offset=observation.past_offset,
         work_done=shadow.work_done,
         cost_so_far=shadow.cost,
         previous=shadow.previous or Allocation.idle(market.num_pools),
+        declared_throughput=observation.declared_throughput,
     )
     choice = policy.decide(seen)
     advance(job, shadow, choice, market.spot_price[row], market.on_demand_price)
@@ -284,7 +286,7 @@ class GuardedPolicy(Policy):
         costs, works, at_work = [], [], []
         for row in range(len(price)):
             if row > 0 and not shadow.done:
-                step_shadow(policy, shadow, job, ahead, observation.past_offset)
+                step_shadow(policy, shadow, observation, ahead)
             costs.append(shadow.cost)
             works.append(job.work if shadow.done else shadow.work_done)
             at_work.append(not shadow.done)
@@ -314,7 +316,7 @@ class GuardedPolicy(Policy):
         self._floor = work_price_floor(observation.job, observation.past)
         shadow = self._shadow_progress
         while shadow.slot <= observation.slot and not shadow.done:
-            self._shadow_ran.append(step_shadow(self._shadow, shadow, observation.job, observation.past, observation.past_offset))
+            self._shadow_ran.append(step_shadow(self._shadow, shadow, observation, observation.past))
 
     def _remeasure(self, observation: Observation) -> None:
         """Re-measure the work of both allocation histories, the shadow's and the job's, at the

@@ -581,6 +581,7 @@ class OnlineRun:
             work_done=work,
             cost_so_far=cost,
             previous=previous,
+            declared_throughput=self.config.job.throughput,
         )
 
     def _estimate(

@@ -8,12 +8,12 @@ Airflow operator both drive policies through :class:`Policy` alone.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from airflow_provider_spotsched.forecast.base import Forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket
-from airflow_provider_spotsched.scheduling.model import Allocation, Job
+from airflow_provider_spotsched.scheduling.model import Allocation, Job, Throughput
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,10 @@ class Observation:
     ``past`` is the market on the job's slot grid, ending with the current slot (its last row);
     it may begin before the job's submission (``past_offset`` slots earlier) so that forecasters
     and learners can use history. It never holds a slot after the current one.
+
+    ``job`` carries the throughput to plan on: the estimate measured so far, where the simulator
+    or an online run measures one. ``declared_throughput`` is then the one the user declared
+    (``None``: the job's own is the declared one).
     """
 
     job: Job
@@ -32,6 +36,15 @@ class Observation:
     work_done: float
     cost_so_far: float
     previous: Allocation
+    declared_throughput: Throughput | None = None
+
+    @property
+    def declared_job(self) -> Job:
+        """The job at its declared throughput: the fastest its estimate, which never exceeds the
+        declaration, may still turn out to be."""
+        if self.declared_throughput is None:
+            return self.job
+        return replace(self.job, throughput=self.declared_throughput)
 
     @property
     def spot_price(self):

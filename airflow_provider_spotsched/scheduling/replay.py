@@ -132,6 +132,7 @@ def simulate(
             work_done=progress.work_done,
             cost_so_far=progress.cost,
             previous=progress.previous or idle,
+            declared_throughput=job.throughput if estimate is not None else None,
         )
         began = time.perf_counter()
         allocation = policy.decide(observation)

@@ -124,15 +124,16 @@ def is_deadline_safe(
     return hours_left * job.rate(job.max_instances) >= remaining - WORK_EPSILON
 
 
-def soft_deadline_lost(observation: Observation) -> bool:
+def soft_deadline_lost(observation: Observation, job: Job | None = None) -> bool:
     """Whether even N_max on-demand instances from this slot to the end would finish more than one
-    restart (``delta`` hours) after the soft deadline.
+    restart (``delta`` hours) after the soft deadline, at the throughput of ``job`` (default: the
+    observation's, the estimate).
 
     The margin is there because the throughput estimate errs low: a job it calls late by less
     than a restart may still meet its soft deadline on on-demand, and leaving on-demand for spot
     would cost it that restart.
     """
-    job = observation.job
+    job = job or observation.job
     fallback = on_demand_fallback(job, observation.past.num_pools)
     return not is_deadline_safe(job, observation, fallback, deadline_hours=job.deadline_hours + job.reconfig_overhead_hours)
 
@@ -158,10 +159,12 @@ def late_allocation(observation: Observation) -> Allocation:
     Every restart now delays the end by ``delta`` hours, and value with it, so spot must save more
     than its restarts cost, each priced at its bill and the value lost over ``delta``:
 
-    - a job on N_max on-demand stays there, as the safety net's own rule has it (which also covers
-      a job that the estimate, erring low, calls late but that may still meet its soft deadline);
+    - a job on N_max on-demand stays there while it could still meet its soft deadline at its
+      declared throughput (:attr:`~.Observation.declared_job`), the fastest the estimate, erring
+      low, may turn out to be: there the safety net's own rule holds;
     - the previous allocation, while it runs N_max instances at no more than the on-demand price
-      each, is kept unless the cheapest one saves more in a slot than moving costs;
+      each (N_max on-demand included, once even the declaration is late), is kept unless the
+      cheapest one saves more in a slot than moving costs;
     - otherwise (moving to either costs a restart) the cheapest runs if its saving over on-demand
       in a slot exceeds its expected restarts per slot (:func:`restarts_per_slot`) times a
       restart's cost; else N_max on-demand.
@@ -172,7 +175,7 @@ def late_allocation(observation: Observation) -> Allocation:
     job, previous = observation.job, observation.previous
     prices, on_demand_price = observation.spot_price, observation.on_demand_price
     fallback = on_demand_fallback(job, observation.past.num_pools)
-    if previous == fallback:
+    if previous == fallback and not soft_deadline_lost(observation, observation.declared_job):
         return fallback
 
     cheapest = cheapest_allocation(job.max_instances, prices, observation.available, on_demand_price)

@@ -4,8 +4,9 @@ A policy's own choice stands while it is deadline-safe; after the first choice t
 job runs N_max on-demand instances until completion. Once on that fallback, switching back to
 spot would cost a reconfiguration the remaining slack can no longer pay for. Only a job that not
 even the fallback can finish by its soft deadline any more (a throughput that proved lower than
-declared), and that is not on the fallback yet, may run N_max instances with spot first instead,
-up to its hard deadline (:func:`~airflow_provider_spotsched.scheduling.rules.late_allocation`).
+declared), and that is not on the fallback yet or would be late even at its declared throughput,
+may run N_max instances with spot first instead, up to its hard deadline
+(:func:`~airflow_provider_spotsched.scheduling.rules.late_allocation`).
 """
 
 from __future__ import annotations
