@@ -259,11 +259,11 @@ def test_a_selector_run_that_ran_slow_learns_from_replays_at_its_measured_throug
     assert any(at_declared[label] != replayed[label] for label in replayed if label != played)
 
 
-def test_an_online_run_past_its_soft_deadline_finishes_on_spot_as_the_simulator_does(gcp_market):
-    # 60 units on 4 instances at 1/1.3 of the declared speed take 19.5 h against d = 16 h: lost
-    # from the first measured slot. The late safety net keeps the job on spot (resumed from
-    # JSON every slot), where it ran N_max on-demand to the end before
-    job = make_job(work=60.0, deadline_hours=16.0, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
+def late_up_run(gcp_market: SlotMarket, deadline_hours: float) -> OnlineRun:
+    """UP on 60 units on 4 instances at 1/1.3 of the declared speed, resumed from JSON every
+    slot: it misses the soft deadline ``deadline_hours``, not the hard one, and costs and ends
+    as the simulator's run does."""
+    job = make_job(work=60.0, deadline_hours=deadline_hours, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
     truth = TrueThroughput(SLOWER)
     config = RunConfig("run-late", job, gcp_market.pools, policy="uniform-progress")
     run = drive_slower(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, truth)
@@ -271,25 +271,25 @@ def test_an_online_run_past_its_soft_deadline_finishes_on_spot_as_the_simulator_
     assert reference.outcome.soft_miss and not reference.outcome.hard_miss
     assert run.result()["cost"] == pytest.approx(reference.outcome.cost, rel=1e-9)
     assert run.result()["completion_hours"] == pytest.approx(reference.outcome.completion_hours)
+    return run
+
+
+def test_an_online_run_past_its_soft_deadline_finishes_on_spot_as_the_simulator_does(gcp_market):
+    # the job takes 19.5 h against d = 16 h: lost from the first measured slot. The late safety
+    # net keeps it on spot, where it ran N_max on-demand to the end before
+    run = late_up_run(gcp_market, deadline_hours=16.0)
     assert all(entry["allocation"]["on_demand"] == 0 for entry in run.decision_log())
 
 
 def test_an_online_run_on_demand_and_late_even_as_declared_moves_to_spot_as_the_simulator_does(gcp_market):
-    # 60 units on 4 instances take 15.25 h as declared (the start included), all of d: UP runs
-    # on-demand from slot 0. At 1/1.3 of that speed even the declared one would end after
-    # d + delta from slot 2 on: on-demand is then a running allocation like any other, and spot at
-    # a fifth of its price saves more than the restart costs. It ran on-demand to the end before
-    job = make_job(work=60.0, deadline_hours=15.25, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
-    truth = TrueThroughput(SLOWER)
-    config = RunConfig("run-late-od", job, gcp_market.pools, policy="uniform-progress")
-    run = drive_slower(OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW), gcp_market, truth)
-    reference = simulate(make_policy("uniform-progress", {}), job, JobMarket(gcp_market, HISTORY), truth)
-    assert reference.outcome.soft_miss and not reference.outcome.hard_miss
-    assert run.result()["cost"] == pytest.approx(reference.outcome.cost, rel=1e-9)
-    assert run.result()["completion_hours"] == pytest.approx(reference.outcome.completion_hours)
+    # as declared the job takes 15.25 h (the start included), all of d = 15.25 h: UP runs
+    # on-demand from slot 0. At the true speed even the declared one would end after d + delta
+    # from slot 2 on: on-demand is then a running allocation like any other, and spot at a fifth
+    # of its price saves more than the restart costs. It ran on-demand to the end before
+    run = late_up_run(gcp_market, deadline_hours=15.25)
     on_demand = [entry["allocation"]["on_demand"] for entry in run.decision_log()]
     assert on_demand[:2] == [4, 4] and not any(on_demand[2:])
-    assert run.result()["cost"] < on_demand_cost(job, gcp_market.on_demand_price) / 2
+    assert run.result()["cost"] < on_demand_cost(run.config.job, gcp_market.on_demand_price) / 2
 
 
 def test_an_online_state_from_before_the_estimate_still_loads(gcp_market):
