@@ -3,6 +3,7 @@ predictions are right, deadline safety kept, and its parameter checked."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
@@ -12,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from airflow_provider_spotsched.forecast.base import Forecast, Forecaster, check_request
 from airflow_provider_spotsched.market.slots import SlotMarket
 from airflow_provider_spotsched.market.synthetic import SyntheticMarketConfig, generate
-from airflow_provider_spotsched.scheduling.guard import GuardedPolicy, handover_allowance, work_price_floor
-from airflow_provider_spotsched.scheduling.model import Allocation, Throughput
+from airflow_provider_spotsched.scheduling.guard import GuardedPolicy, handover_allowance, step_shadow, work_price_floor
+from airflow_provider_spotsched.scheduling.model import Allocation, Progress, Throughput
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
@@ -380,6 +381,31 @@ def test_the_selector_guards_its_members_and_loads_states_saved_before_the_guard
     old = SelectorPolicy(pool=old_pool, warm_up_rounds=0).to_state()
     restored = SelectorPolicy.from_state(old)
     assert restored.pool == tuple(old_pool) and not any(isinstance(m, GuardedPolicy) for m in restored.members)
+
+
+class RecordingPolicy(Policy):
+    """Idles, keeping every observation it was shown."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.seen: list[Observation] = []
+
+    def decide(self, observation: Observation) -> Allocation:
+        self.seen.append(observation)
+        return Allocation.idle(observation.past.num_pools)
+
+
+def test_the_shadow_sees_the_job_as_the_member_does():
+    # the estimate to plan on, and the declaration the late safety net reads: a shadow UP that
+    # saw only the estimate would stay on on-demand where the member's own net leaves it
+    declared = make_job()
+    estimated = replace(declared, throughput=Throughput(0.5))
+    market = make_market([[1.0]] * 3, [[2]] * 3)
+    member_sees = Observation(estimated, 0, market.prefix(1), 0, 0.0, 0.0, Allocation.idle(1), declared.throughput)
+    shadow = RecordingPolicy()
+    step_shadow(shadow, Progress(), member_sees, market)
+    assert shadow.seen[0].job == estimated and shadow.seen[0].declared_job == declared
 
 
 def test_a_resumed_guard_replays_its_shadow_from_the_market():
