@@ -168,6 +168,35 @@ def test_on_demand_waits_while_the_job_keeps_pace(window):
     assert eager.outcome.cost == pytest.approx(14.0)
 
 
+class ForeseesPoolZeroGone(PersistenceForecaster):
+    """Persistence, except that pool 0 is always about to lose its capacity: a wrong forecast."""
+
+    def forecast(self, past, horizon):
+        forecast = super().forecast(past, horizon)
+        forecast.available[:, 0] = 0.0
+        return forecast
+
+
+def test_a_restart_the_forecast_puts_later_is_not_made_now():
+    # The job starts in pool 0 (pool 1 has nothing in slot 0). From then on the forecast says
+    # pool 0 is gone next slot, and pool 1 costs the same: moving now or next slot cost the same
+    # on the forecast. CHC keeps pool 0 each slot, the drop never comes, and the job never
+    # restarts. Without the tie-break (early_preference 0) it moved at once and paid the restart.
+    market = make_market([[1.0, 1.0]] * 14, [[1, 0]] + [[1, 1]] * 13)
+    job = make_job(work=6.0, deadline_hours=9.0, max_instances=1, reconfig_overhead_hours=0.5)
+    results = {}
+    for early_preference in (DEFAULT_EARLY_PREFERENCE, 0.0):
+        policy = CHCPolicy(window=4, commit=1, forecaster="persistence", early_preference=early_preference)
+        policy.forecaster = ForeseesPoolZeroGone()
+        results[early_preference] = simulate(policy, job, whole(market))
+    kept = results[DEFAULT_EARLY_PREFERENCE]
+    assert [a.spot for a in kept.allocations] == [(1, 0)] * 7
+    assert kept.outcome.cost == pytest.approx(6.5) and kept.outcome.completion_hours == pytest.approx(6.5)
+    moved = results[0.0]
+    assert moved.allocations[1].spot == (0, 1)
+    assert moved.outcome.cost == pytest.approx(7.0) and moved.outcome.completion_hours == pytest.approx(7.0)
+
+
 def test_on_demand_still_runs_when_the_job_falls_behind():
     # No spot at all: the job can keep pace only on on-demand, so it does not wait, and it meets
     # the deadline.

@@ -71,6 +71,39 @@ def test_continuing_previous_pays_no_overhead():
     assert (fresh.objective, fresh.completion_hours) == (pytest.approx(5.0 - 30.0), pytest.approx(4.5))
 
 
+def test_a_restart_the_window_puts_later_waits_for_it():
+    # One instance runs in pool 0, which the window says is gone from slot 1; pool 1, at the same
+    # price, stays. Moving now and moving at slot 1 cost the same (one restart, the same bill),
+    # and the plan moved now. With the tie-break it keeps pool 0 in slot 0: if the forecast of
+    # the drop is wrong, the restart is never made.
+    job = make_job(work=3.0, deadline_hours=6.0, max_instances=1, reconfig_overhead_hours=0.5)
+    running = Allocation((1, 0), 0)
+    base = request(job, [[1.0, 1.0]] * 5, [[1, 1]] + [[0, 1]] * 4, start_hours=1.0, work_done=1.0, previous=running)
+    plain = solve_plan(base)
+    assert allocations(plain)[0] == ((0, 1), 0)
+    kept = solve_plan(replace(base, keep_preference=0.01))
+    assert allocations(kept)[:2] == [((1, 0), 0), ((0, 1), 0)]
+    assert kept.objective == pytest.approx(plain.objective)
+    assert window_objective(base, kept.allocations) == pytest.approx(window_objective(base, plain.allocations))
+
+
+def test_the_keep_preference_never_outweighs_a_real_saving():
+    # Pool 1 is 10% cheaper from slot 0: moving now saves 0.05 USD, more than the tie-break.
+    job = make_job(work=3.0, deadline_hours=6.0, max_instances=1, reconfig_overhead_hours=0.5)
+    running = Allocation((1, 0), 0)
+    base = request(job, [[1.0, 0.9]] * 5, [[1, 1]] + [[0, 1]] * 4, start_hours=1.0, work_done=1.0, previous=running)
+    plan = solve_plan(replace(base, keep_preference=0.01))
+    assert allocations(plan)[0] == ((0, 1), 0)
+    assert plan.objective == pytest.approx(solve_plan(base).objective + 0.01)
+
+
+def test_the_keep_preference_applies_only_where_the_running_allocation_fits_now():
+    # Pool 0 is gone already: every plan restarts now, and none pays the tie-break.
+    job = make_job(work=3.0, deadline_hours=6.0, max_instances=1, reconfig_overhead_hours=0.5)
+    base = request(job, [[1.0, 1.0]] * 5, [[0, 1]] * 5, start_hours=1.0, work_done=1.0, previous=Allocation((1, 0), 0))
+    assert solve_plan(replace(base, keep_preference=0.01)).objective == pytest.approx(solve_plan(base).objective)
+
+
 def test_waiting_for_cheap_spot_past_the_deadline_when_the_value_decays_slowly():
     # d = 4, hard deadline 8. On-demand now ($10): T = 4, utility 30 - 80. Spot from slot 2
     # ($1): T = 6, V = 30 x (8 - 6) / 4 = 15, utility 15 - 8 = 7, the best of all mixes.
@@ -123,6 +156,8 @@ def test_unsafe_state_is_refused_with_a_clear_error():
         ({"start_hours": 0.5}, "start_hours"),
         ({"work_done": 8.0}, "work_done"),
         ({"terminal_cost_per_work": -1.0}, "terminal_cost_per_work"),
+        ({"keep_preference": -0.1}, "keep_preference"),
+        ({"keep_preference": float("nan")}, "keep_preference"),
         ({"previous": Allocation((0, 0), 0)}, "previous has 2 pools"),
     ],
 )

@@ -95,6 +95,10 @@ class PlanRequest:
     deadline_safe: bool = False
     # If set, every slot of the plan keeps this bound (a guarded policy's invariant).
     cost_limit: CostLimit | None = None
+    # USD added to every plan that does not keep ``previous`` through the window's first slot
+    # where it could (it fits the slot): a tie-break, far below real cost differences, so that
+    # a restart the forecast puts later is not made now, while the forecast may still be wrong.
+    keep_preference: float = 0.0
 
     def __post_init__(self) -> None:
         price = np.asarray(self.spot_price, dtype=float)
@@ -122,6 +126,8 @@ class PlanRequest:
             raise PlanError(
                 f"terminal_cost_per_work must be >= 0 USD per work unit or None, got {self.terminal_cost_per_work}"
             )
+        if not (math.isfinite(self.keep_preference) and self.keep_preference >= 0):
+            raise PlanError(f"keep_preference must be a finite number of USD >= 0, got {self.keep_preference}")
 
 
 @dataclass(frozen=True)
@@ -289,6 +295,7 @@ class _Window:
         self.cont_cost = np.concatenate([[0.0], np.cumsum(self.cont_hourly)]) * self.s
         self.cont_rate = self.job.rate(n)
         self.cont_is_fallback = prev == Allocation((0,) * self.pools, self.n_max)
+        self.leave_cost = self.request.keep_preference if self.cont_ok and self.cont_end > 0 else 0.0
 
     def _bound_tables(self) -> None:
         """Fractional-knapsack lower bound of the cost of doing R more work from slot t on.
@@ -439,7 +446,8 @@ class _Window:
         best = _Best(bound)
         records = _Records()
         root = records.add(np.array([-1]), 0, 0, 0, 0)
-        front = (np.array([self.request.work_done]), np.zeros(1), root)
+        # Every plan but those that keep ``previous`` (``_continue_previous``) starts at the tie-break.
+        front = (np.array([self.request.work_done]), np.array([self.leave_cost]), root)
         buckets: list[list[tuple[np.ndarray, ...]]] = [[] for _ in range(self.w + 1)]
         truncated = False
         for t in range(self.w):

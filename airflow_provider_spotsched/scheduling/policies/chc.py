@@ -16,9 +16,10 @@ the forecast is unsure of is kept in reserve (planned on on-demand, or not defer
 reserve grows with the forecast's uncertainty and vanishes where it is certain; the planner stays
 the exact one. A committed slot that held spot in reserve is re-planned when the market offers
 more than it counted on, so that a cautious plan never buys on-demand next to spot it merely
-doubted. Ties in the plan go to spot now (``early_preference``), and on-demand waits while the
-job keeps pace (``defer_on_demand``): a planned slot's on-demand instances are dropped, and the
-rest re-planned next slot, while its spot alone keeps the job on Uniform Progress's line and
+doubted. Ties in the plan go to spot now and to the running allocation (``early_preference``:
+a restart the forecast puts later waits for it), and on-demand waits while the job keeps pace
+(``defer_on_demand``): a planned slot's on-demand instances are dropped, and the rest
+re-planned next slot, while its spot alone keeps the job on Uniform Progress's line and
 deadline-safe with a slot to spare. Reality overrides the plan: a committed allocation that
 exceeds what the market offers now triggers a re-plan on the spot, and every decision passes
 :func:`~airflow_provider_spotsched.scheduling.rules.is_deadline_safe` or becomes the safety net's
@@ -57,8 +58,10 @@ available counts (row 0 the current slot)."""
 TERMINAL_PRICES = ("marginal", "on-demand")
 DEFAULT_EARLY_PREFERENCE = 0.001
 """Per slot, the share by which a window's spot prices rise with lead time in the plan (and the
-terminal price of work deferred past the window, when spot prices it): a tie-break, far below
-real price differences, so that at equal forecast cost spot work runs now rather than later."""
+terminal price of work deferred past the window, when spot prices it), and the share of a
+restart's cost added to a plan that leaves the running allocation now: tie-breaks, far below
+real price differences, so that at equal forecast cost spot work runs now rather than later and
+a restart is made when it is needed rather than now."""
 UNCERTAINTY = ("none", "quantile")
 
 
@@ -244,10 +247,20 @@ class CHCPolicy(Policy):
             terminal_cost_per_work=None if reaches_horizon else self._ramped_terminal(observation, price, available, ramp[width]),
             deadline_safe_end=not reaches_horizon,
             deadline_safe=True,
+            keep_preference=self._keep_preference(observation),
         )
         if self.cost_limit is not None:
             request = replace(request, cost_limit=self.cost_limit(observation, price[:width], available[:width]))
         return request, np.where(available < point, available, np.inf)[:width]
+
+    def _keep_preference(self, observation: Observation) -> float:
+        """What a plan that leaves the running allocation now pays on top, in the plan only:
+        ``early_preference`` of the restart's cost (its overhead at the running allocation's
+        price now). A restart the forecast puts a slot or more ahead then waits for it, since the
+        forecast may be wrong, instead of being made now at the same forecast cost."""
+        job, previous = observation.job, observation.previous
+        hourly = previous.hourly_price(observation.past.spot_price[-1], observation.on_demand_price)
+        return self.early_preference * job.reconfig_overhead_hours * hourly
 
     def _ahead(self, observation: Observation, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Prices, planned and point availability of ``slots`` slots from now: the current one
