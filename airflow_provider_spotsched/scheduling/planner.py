@@ -98,6 +98,7 @@ class PlanRequest:
     # USD added to every plan that does not keep ``previous`` through the window's first slot
     # where it could (it fits the slot): a tie-break, far below real cost differences, so that
     # a restart the forecast puts later is not made now, while the forecast may still be wrong.
+    # A cost limit is checked on the cost with it in (by that much stricter for such a plan).
     keep_preference: float = 0.0
 
     def __post_init__(self) -> None:
