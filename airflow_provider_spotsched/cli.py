@@ -437,7 +437,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
             seed=args.seed, pools=args.pools, days=args.days, regimes=not args.no_regimes,
             diurnal_amplitude=args.diurnal_amplitude, collapses_per_week=args.collapses_per_week,
             flap_episodes_per_day=args.flap_episodes_per_day, crunches_per_day=args.crunches_per_day,
-            daily_availability=args.daily_availability,
+            daily_availability=args.daily_availability, zones_per_region=args.zones_per_region,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
@@ -712,6 +712,10 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument(
         "--daily-availability", type=float, default=0.0,
         help="share of each pool's count taken in its busiest hour, on a daily cycle with its price (0: none)",
+    )
+    syn.add_argument(
+        "--zones-per-region", type=int, default=1,
+        help="consecutive pools that share one price series, as a region's zones do (1: none)",
     )
     syn.set_defaults(run=cmd_synth)
     return parser

@@ -116,6 +116,22 @@ def test_daily_availability_dips_when_the_price_peaks_and_leaves_the_rest_of_the
         assert kept[hour == trough].mean() == pytest.approx(1.0, abs=0.1)
 
 
+def test_zones_of_a_region_share_its_first_zones_price_and_leave_the_rest_of_the_seed_alone():
+    plain = generate(SyntheticMarketConfig(seed=8, days=14, pools=6))
+    regions = generate(SyntheticMarketConfig(seed=8, days=14, pools=6, zones_per_region=3))
+    np.testing.assert_array_equal(regions.available, plain.available)
+    assert regions.collapses == plain.collapses
+    np.testing.assert_array_equal(regions.spot_price[:, [0, 3]], plain.spot_price[:, [0, 3]])  # each region's first zone
+    for first, zone in ((0, 1), (0, 2), (3, 4), (3, 5)):
+        # The same price, a tie, while both zones are in the same regime; else the short one costs 40% more.
+        ratio = regions.spot_price[:, zone] / regions.spot_price[:, first]
+        tie = np.isclose(ratio, 1.0, atol=1e-3)
+        assert (tie | np.isclose(ratio, 1.4, rtol=1e-3) | np.isclose(ratio, 1 / 1.4, rtol=1e-3)).all()
+        assert tie.mean() > 0.3 and not np.array_equal(regions.spot_price[:, zone], plain.spot_price[:, zone])
+    with pytest.raises(ValueError, match=re.escape("zones_per_region=0 (must be a whole number >= 1)")):
+        SyntheticMarketConfig(zones_per_region=0)
+
+
 def test_settings_out_of_range_are_refused_by_name_with_their_range():
     with pytest.raises(ValueError, match=r"pools=0 \(must be a whole number, 1 to 26\); diurnal_amplitude=1.5 \(must be in \[0, 1\)\)"):
         SyntheticMarketConfig(pools=0, diurnal_amplitude=1.5)
@@ -138,6 +154,7 @@ def test_spotsched_synth_writes_a_trace_file_and_refuses_bad_settings(tmp_path, 
     assert main(["synth", "--out", str(out), "--crunches-per-day", "-1"]) == 2
     assert main(["synth", "--out", str(out), "--daily-availability", "1"]) == 2
     assert main(["synth", "--out", str(out), "--collapses-per-week", "inf"]) == 2  # not a numpy traceback
+    assert main(["synth", "--out", str(out), "--zones-per-region", "0"]) == 2
     assert "daily_availability" in capsys.readouterr().err
 
 

@@ -25,7 +25,11 @@ scheduler must survive, each on or off:
   (its region's working day, when other users take the capacity), so that yesterday's count at
   this hour says something about tomorrow's, as in the shipped AWS trace (there "the same as a
   day ago" is right more often at 12 h than "the same as now"); the regimes alone have no time
-  of day.
+  of day;
+- **regions** (off by default): consecutive pools form regions of ``zones_per_region`` zones
+  that share one price series, as a cloud's zones in one region often do (GCP's H100 zones of a
+  region cost the same; many AWS zones sit at one price), so that zones tie on price and only
+  their capacity tells them apart; a scarce zone still costs more than its neighbours.
 
 ``capacity`` is the count a pool offers in its plenty regime; ticks are ``tick_minutes`` apart.
 The same seed and settings always give the same file (numpy's PCG64 from ``seed``).
@@ -81,6 +85,9 @@ class SyntheticMarketConfig:
     :param daily_availability: the share of a pool's count that its busiest hour takes (0: none),
         on a daily cycle peaking when the pool's price does; deterministic, so the rest of a seed's
         market is the same with or without it.
+    :param zones_per_region: pools per region (1: none); a region's zones take its first zone's
+        price series (mean, daily phase and noise). The draws are those of the seed either way, so
+        the rest of its market is unchanged.
     :param start: the first tick (UTC).
     """
 
@@ -104,6 +111,7 @@ class SyntheticMarketConfig:
     crunch_spread: float = 0.5
     crunch_hit_hours: tuple[float, float] = (1.0, 6.0)
     daily_availability: float = 0.0
+    zones_per_region: int = 1
     start: datetime = datetime(2026, 1, 5, tzinfo=timezone.utc)
 
     def __post_init__(self) -> None:
@@ -131,6 +139,7 @@ class SyntheticMarketConfig:
             "crunch_spread": (0 <= self.crunch_spread <= 1, "in [0, 1]"),
             "crunch_hit_hours": (0 < self.crunch_hit_hours[0] <= self.crunch_hit_hours[1], "0 < shortest <= longest"),
             "daily_availability": (0 <= self.daily_availability < 1, "in [0, 1)"),
+            "zones_per_region": (_whole(self.zones_per_region) and self.zones_per_region >= 1, "a whole number >= 1"),
         }
         wrong = [f"{name}={getattr(self, name)!r} (must be {allowed})" for name, (ok, allowed) in checks.items() if not ok]
         if wrong:
@@ -175,11 +184,13 @@ def generate(config: SyntheticMarketConfig) -> SyntheticMarket:
     hours = np.arange(ticks) / per_hour
     mean = config.on_demand_price * config.spot_discount * rng.uniform(0.7, 1.3, pools)
     phase = rng.uniform(0.0, 24.0, pools)
+    region_first = np.arange(pools) // config.zones_per_region * config.zones_per_region  # each pool's region's first zone
+    mean, phase = mean[region_first], phase[region_first]
     daily = np.sin(2 * math.pi * (hours[:, None] - phase[None, :]) / 24.0)  # 1 at each pool's price peak
     cycle = 1.0 + config.diurnal_amplitude * daily
     if config.daily_availability > 0:
         _keep_share(available, 1.0 - config.daily_availability * (1.0 + daily) / 2.0)
-    noise = np.exp(rng.normal(0.0, 0.03, (ticks, pools)))
+    noise = np.exp(rng.normal(0.0, 0.03, (ticks, pools)))[:, region_first]
     scarcity = np.where(regime == PLENTY, 1.0, 1.4)  # a short pool costs more
     spot = np.minimum(mean[None, :] * cycle * noise * scarcity, config.on_demand_price * 0.95)
     return SyntheticMarket(config, np.round(spot, 4), available, tuple(collapses))
