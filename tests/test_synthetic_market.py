@@ -155,7 +155,8 @@ def test_spotsched_synth_writes_a_trace_file_and_refuses_bad_settings(tmp_path, 
     assert main(["synth", "--out", str(out), "--daily-availability", "1"]) == 2
     assert main(["synth", "--out", str(out), "--collapses-per-week", "inf"]) == 2  # not a numpy traceback
     assert main(["synth", "--out", str(out), "--zones-per-region", "0"]) == 2
-    assert "daily_availability" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "daily_availability" in err and "zones_per_region" in err
 
 
 def test_drop_statistics_counted_by_hand():
