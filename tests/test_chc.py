@@ -197,6 +197,32 @@ def test_a_restart_the_forecast_puts_later_is_not_made_now():
     assert moved.outcome.cost == pytest.approx(7.0) and moved.outcome.completion_hours == pytest.approx(7.0)
 
 
+class NoisyPersistence(PersistenceForecaster):
+    """Persistence with each pool's price off by ``noise[m]``: a fit's float noise, which
+    differs between CPUs."""
+
+    def __init__(self, noise):
+        self.noise = np.asarray(noise, dtype=float)
+
+    def forecast(self, past, horizon):
+        forecast = super().forecast(past, horizon)
+        return replace(forecast, spot_price=forecast.spot_price + self.noise)
+
+
+def test_float_noise_in_forecast_prices_does_not_choose_between_zones_at_one_price():
+    # Two zones at one price; the noise of a fit (1e-10 USD) makes one or the other cheaper.
+    # The plan must not follow it: every noise gives the noiseless schedule.
+    market = make_market([[1.0, 1.0, 2.0]] * 14, [[2, 2, 2]] * 14)
+    job = make_job(work=12.0, deadline_hours=9.0, max_instances=2, reconfig_overhead_hours=0.25)
+    schedules = []
+    for noise in ([0.0, 0.0, 0.0], [1e-10, -1e-10, 0.0], [-1e-10, 1e-10, 0.0], [3e-11, -2e-10, 1e-10]):
+        policy = CHCPolicy(window=6, commit=1, forecaster="persistence")
+        policy.forecaster = NoisyPersistence(noise)
+        schedules.append([a.spot for a in simulate(policy, job, whole(market)).allocations])
+    assert schedules[1:] == [schedules[0]] * 3
+    assert set(schedules[0]) == {(2, 0, 0)}
+
+
 def test_on_demand_still_runs_when_the_job_falls_behind():
     # No spot at all: the job can keep pace only on on-demand, so it does not wait, and it meets
     # the deadline.

@@ -52,6 +52,12 @@ from airflow_provider_spotsched.scheduling.rules import (
     spot_only,
 )
 
+PLANNED_PRICE_DECIMALS = 6
+"""Forecast prices are planned on to a millionth of a USD an hour, far below any real price step.
+Fits of zones whose prices tie (a cloud's zones at one price) forecast that price to within
+float noise, and the noise differs between CPUs (OpenBLAS picks its kernels by the CPU), so
+unrounded it would decide which of the tied zones a plan takes, and a rerun on another machine
+would schedule differently. Rounded, the tie is exact and the plan's own tie-breaks decide."""
 CostLimitSource = Callable[[Observation, np.ndarray, np.ndarray], CostLimit]
 """What a cost guard gives CHC to plan within: the limit over a window of these prices and
 available counts (row 0 the current slot)."""
@@ -274,12 +280,12 @@ class CHCPolicy(Policy):
         point = available
         if slots > 1:
             forecast = self.forecaster.forecast(observation.past, slots - 1)
-            price = np.vstack([price, forecast.spot_price])
+            price = np.vstack([price, _planned(forecast.spot_price)])
             point = np.vstack([available, np.maximum(np.floor(forecast.available), 0.0)])
             ahead = point[1:]
             if self.level is not None:
                 ahead = np.minimum(ahead, forecast.available_at_level(self.level))
-                price[1:] = np.maximum(price[1:], forecast.spot_price_at_level(self.level))
+                price[1:] = np.maximum(price[1:], _planned(forecast.spot_price_at_level(self.level)))
             available = np.vstack([available, ahead])
         return price, available, point
 
@@ -318,6 +324,11 @@ class CHCPolicy(Policy):
         bought = np.cumsum(unit_work[order])
         last = int(np.searchsorted(bought, observation.remaining_work - WORK_EPSILON))
         return float(unit_price[order][min(last, len(order) - 1)])
+
+
+def _planned(forecast_price: np.ndarray) -> np.ndarray:
+    """A forecast price as the plan takes it: to ``PLANNED_PRICE_DECIMALS`` places."""
+    return np.round(forecast_price, PLANNED_PRICE_DECIMALS)
 
 
 def fallback_unit_price(job: Job, on_demand_price: float) -> float:
