@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from airflow_provider_spotsched.cli import main
@@ -200,7 +201,9 @@ def test_evaluate_writes_every_file_with_the_right_columns(tmp_path, slice_path,
         assert r["trace"] == "gcp_4d"
     summary = (out / "summary.md").read_text()
     assert "spotsched evaluate --out" in summary and "## gcp_4d" in summary and "## All traces" in summary
+    assert f"Numerics: numpy {np.__version__}, statsmodels " in summary and ", BLAS " in summary
     results = json.loads((out / "results.json").read_text())
+    assert results["numerics"].startswith(f"numpy {np.__version__}")
     assert results["selector"]["gcp_4d"]["final_state"]["version"] == 2
     assert "## Selector, expected over its draws" in (out / "summary.md").read_text()
     for name in ("cost_per_policy", "utility_vs_slack", "chc_forecast_error", "selector_weights"):

@@ -31,11 +31,26 @@ def write_report(evaluation: Evaluation, out: Path, command: str, when: datetime
 
     out.mkdir(parents=True, exist_ok=True)
     written = [write_csv(evaluation.rows, out / "results.csv"), out / "results.json", out / "summary.md"]
-    results = {"command": command, "date": when.isoformat(), "grid": evaluation.config.to_dict(),
+    results = {"command": command, "date": when.isoformat(), "numerics": numerics(), "grid": evaluation.config.to_dict(),
                "selector": evaluation.selector, "forecast_errors": evaluation.forecast_errors}
     written[1].write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
     written[2].write_text(summary_markdown(evaluation, command, when), encoding="utf-8")
     return written + write_plots(evaluation, out)
+
+
+def numerics() -> str:
+    """The libraries whose floating point the rows rest on: numpy, statsmodels and the BLAS with
+    the kernel it picked for this CPU. Where a rerun on another machine differs, this is the
+    first thing to compare (docs/evaluation.md)."""
+    import statsmodels
+    from threadpoolctl import threadpool_info
+
+    blas = [
+        f"{lib['internal_api']} {lib['version']} ({lib.get('architecture') or 'kernel unknown'})"
+        for lib in threadpool_info()
+        if lib["user_api"] == "blas"
+    ]
+    return f"numpy {np.__version__}, statsmodels {statsmodels.__version__}, BLAS {', '.join(blas) or 'unknown'}"
 
 
 def write_csv(rows: Iterable[Row], path: Path) -> Path:
@@ -55,6 +70,8 @@ def summary_markdown(evaluation: Evaluation, command: str, when: datetime) -> st
         "# Evaluation summary",
         "",
         f"Produced by `{command}` on {when.strftime('%Y-%m-%d %H:%M UTC')}.",
+        "",
+        f"Numerics: {numerics()}.",
         "",
         f"Grid: {config.scenarios} start(s) per trace x N_max {list(config.n_max)} x slack {list(config.slack)} "
         f"x overhead {list(config.overhead)} h; job of {config.base_hours:g} h on N_max on-demand instances, "
