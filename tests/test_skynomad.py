@@ -48,9 +48,9 @@ def test_the_registry_builds_each_and_the_evaluation_runs_them_on_single_instanc
 
 def test_the_summary_says_which_policies_ran_on_single_instance_scenarios_only():
     when = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    mixed = summary_markdown(Evaluation(GridConfig(n_max=(1, 4), policies=("on-demand", "skynomad")), []), "cmd", when)
+    mixed = summary_markdown(Evaluation(GridConfig(n_max=(1, 4), policies=("on-demand", "skynomad")), []), "cmd", when, "numerics")
     assert "`skynomad` run a single instance" in mixed and "N_max = 1 scenarios only" in mixed
-    only_one = summary_markdown(Evaluation(GridConfig(n_max=(1,), policies=("on-demand", "skynomad")), []), "cmd", when)
+    only_one = summary_markdown(Evaluation(GridConfig(n_max=(1,), policies=("on-demand", "skynomad")), []), "cmd", when, "numerics")
     assert "single instance" not in only_one
 
 

@@ -31,10 +31,11 @@ def write_report(evaluation: Evaluation, out: Path, command: str, when: datetime
 
     out.mkdir(parents=True, exist_ok=True)
     written = [write_csv(evaluation.rows, out / "results.csv"), out / "results.json", out / "summary.md"]
-    results = {"command": command, "date": when.isoformat(), "numerics": numerics(), "grid": evaluation.config.to_dict(),
+    ran_on = numerics()
+    results = {"command": command, "date": when.isoformat(), "numerics": ran_on, "grid": evaluation.config.to_dict(),
                "selector": evaluation.selector, "forecast_errors": evaluation.forecast_errors}
     written[1].write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-    written[2].write_text(summary_markdown(evaluation, command, when), encoding="utf-8")
+    written[2].write_text(summary_markdown(evaluation, command, when, ran_on), encoding="utf-8")
     return written + write_plots(evaluation, out)
 
 
@@ -63,7 +64,8 @@ def write_csv(rows: Iterable[Row], path: Path) -> Path:
     return path
 
 
-def summary_markdown(evaluation: Evaluation, command: str, when: datetime) -> str:
+def summary_markdown(evaluation: Evaluation, command: str, when: datetime, ran_on: str) -> str:
+    """The summary's text; ``ran_on`` is :func:`numerics` of the run."""
     config = evaluation.config
     traces = list(dict.fromkeys(row.trace for row in evaluation.rows))
     lines = [
@@ -71,7 +73,7 @@ def summary_markdown(evaluation: Evaluation, command: str, when: datetime) -> st
         "",
         f"Produced by `{command}` on {when.strftime('%Y-%m-%d %H:%M UTC')}.",
         "",
-        f"Numerics: {numerics()}.",
+        f"Numerics: {ran_on}.",
         "",
         f"Grid: {config.scenarios} start(s) per trace x N_max {list(config.n_max)} x slack {list(config.slack)} "
         f"x overhead {list(config.overhead)} h; job of {config.base_hours:g} h on N_max on-demand instances, "
