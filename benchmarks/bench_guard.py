@@ -5,7 +5,7 @@ gives up more of the jobs where waiting for cheaper spot pays. On the evaluation
 (``spotsched evaluate``'s jobs and markets) this prints, per guard factor: the worst cost / UP
 cost over single jobs, the jobs above ``--target`` x UP, the mean cost / UP, the mean excess cost
 over the hindsight optimum (cost / optimal cost - 1, as ``spotsched evaluate`` reports it), and
-the jobs the guard switched; UP and the optimum run on the same jobs in the same run.
+the jobs the guard handed over at least once; UP and the optimum run on the same jobs in the same run.
 ``--forecaster oracle`` plans on the realised market itself: what CHC pays under each factor
 with perfect forecasts, the most any forecaster could buy it (the consistency side of the
 trade-off). One process, the scenarios in turn. Plain script:
@@ -64,7 +64,7 @@ def main() -> None:
                 outcome = simulate(policy, job, market).outcome
                 ratios[guard].append(outcome.cost / up.cost)
                 excess[guard].append(outcome.cost / optimal.cost - 1)
-                switched[guard] += isinstance(policy, GuardedPolicy) and policy.switched_at is not None
+                switched[guard] += isinstance(policy, GuardedPolicy) and policy.handovers > 0
     print(f"CHC on {args.forecaster}; Uniform Progress on the same jobs: {100 * sum(up_excess) / len(up_excess):+.1f}% over the optimum")
     print(f"| guard | jobs | worst cost / UP | jobs > {args.target:g} x UP | mean cost / UP | excess over optimal | switched |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -1,10 +1,11 @@
-"""How often a guarded policy's guard switches for good, and how often the deadline safety net then
-takes over: the one case the guard's bound leaves out (``docs/guard.md``, case (b)).
+"""How often a guarded policy's guard hands the job over to tracking, how often the member takes
+it back, and how often the deadline safety net takes over after a handover: the one case the
+guard's bound leaves out (``docs/guard.md``, case (b)).
 
 For every job of a grid it runs the policy (an evaluation key such as ``chc-blend``) at the true
-throughput ``--true-throughput`` x the declared one, counts per trace the jobs whose guard
-switched and those whose safety net took over after the switch, and lists the latter with their
-cost against Uniform Progress's on the same job. Plain script:
+throughput ``--true-throughput`` x the declared one, counts per trace the jobs handed over, those
+taken back at least once, and those whose safety net took over after a handover, and lists the
+latter with their cost against Uniform Progress's on the same job. Plain script:
 
     python scripts/guard_handovers.py chc-blend                            # the shipped default grid, declared right
     python scripts/guard_handovers.py chc-blend --true-throughput 0.7692   # declared 30% too high
@@ -35,7 +36,7 @@ def main() -> None:
     config = GridConfig(traces=tuple(args.traces), scenarios=args.scenarios, policies=("optimal",))
     for path in config.traces:
         trace = cached_trace(path)
-        jobs = switched = 0
+        jobs = switched = taken_back = 0
         late: list[str] = []
         for scenario in plan_scenarios(config, trace):
             job, market = scenario_job(config, trace, scenario)
@@ -46,7 +47,8 @@ def main() -> None:
                 continue
             cost = simulate(policy, job, market, truth).outcome.cost
             jobs += 1
-            switched += policy.switched_at is not None
+            switched += policy.handovers > 0
+            taken_back += policy.returns > 0
             if policy.safety_net_at is not None:
                 up = simulate(UniformProgressPolicy(), job, market, truth).outcome.cost
                 late.append(
@@ -54,7 +56,10 @@ def main() -> None:
                     f"overhead {scenario.overhead}: switched at slot {policy.switched_at}, safety net from "
                     f"{policy.safety_net_at}, cost {cost / up:.3f} x UP"
                 )
-        print(f"{trace_name(path)}: {jobs} jobs, switched {switched}, safety net after the switch {len(late)}")
+        print(
+            f"{trace_name(path)}: {jobs} jobs, switched {switched}, taken back {taken_back}, "
+            f"safety net after the switch {len(late)}"
+        )
         print("\n".join(late))
 
 

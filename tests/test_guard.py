@@ -121,15 +121,15 @@ def test_a_misled_chc_pays_far_above_up_and_the_guard_keeps_it_within_the_bound(
 
 def test_the_member_decides_again_after_tracking_and_the_guard_switches_when_tracking_breaks_the_bound():
     """On this seeded market the misled CHC is overruled for eight slots, then even the shadow's
-    allocation would break the invariant (a restart the shadow does not make), and the job
-    tracks UP for good: the bound with the handover allowance holds. (Here the cheapest
+    allocation would break the invariant (a restart the shadow does not make), and the job is
+    handed over to tracking UP: the bound with the handover allowance holds. (Here the cheapest
     instances to top the member's choice up with are the shadow's own.)"""
     job = make_job(work=4 * 12.0, deadline_hours=12.0 * 1.25 + 0.25, max_instances=4, reconfig_overhead_hours=0.25, value=2000.0)
     market = synthetic_job_market(1, job.horizon_slots)
     up = simulate(UniformProgressPolicy(), job, market).outcome
     policy = DeadlineChecked(misled_chc(), 1.2)
     guarded = simulate(policy, job, market).outcome
-    assert policy.topped_up_slots == 8 and policy.tracked_slots == 0 and policy.switched_at == 9
+    assert policy.topped_up_slots == 8 and policy.tracked_slots == 0 and policy.handovers == 1
     assert guarded.cost <= bound(job, up.cost, 1.2, market.market.on_demand_price, floor_at_submission(job, market))
     assert not guarded.soft_miss
 
@@ -486,6 +486,45 @@ def test_the_fewest_on_demand_instances_that_catch_up_are_never_below_the_jobs_m
     assert policy.switched_at == 4
     assert run.allocations[6] == Allocation((0, 0), 3)
     assert all(a.total == 0 or a.total >= 3 for a in run.allocations)
+
+
+class SplitterThenCheapest(Policy):
+    """The Splitter's four slots on three pools, then all four instances in the third pool
+    wherever it offers them, and idle where it does not."""
+
+    name = "splitter-then-cheapest"
+
+    def decide(self, observation: Observation) -> Allocation:
+        if observation.slot < 4:
+            return Allocation((2, 2, 0), 0)
+        return Allocation((0, 0, 4), 0) if observation.available[2] >= 4 else Allocation((0, 0, 0), 0)
+
+
+def test_a_handed_over_job_is_taken_back_once_the_members_choice_keeps_the_bound_again():
+    """Handed over one restart behind UP at slot 4 (as above), the job tracks UP in the first
+    pool. A pool at a third of that price opens at slot 10, where UP stays (Can't Be Late's
+    exploitation rule). Moving there costs less an hour than tracking but a restart that UP does
+    not make, and UP's cost so far has to grow before the bound allows it with a restart to
+    spare; from then on the member runs the job again, in the cheap pool, and it costs less than
+    UP, within the bound of a job never handed over. (Tracking to the end, as before, cost UP's
+    bills and more.)"""
+    job = make_job(work=94.0, deadline_hours=36.0, max_instances=4, reconfig_overhead_hours=0.25, value=1000.0)
+    price = np.tile([1.0, 1.15, 0.3], (job.horizon_slots, 1))
+    available = np.array([[4, 4, 4 if t >= 10 else 0] for t in range(job.horizon_slots)])
+    market = with_free_history(whole(make_market(price, available, on_demand_price=3.0)))
+    up = simulate(UniformProgressPolicy(), job, market)
+    assert all(a == Allocation((4, 0, 0), 0) for a in up.allocations)  # UP never moves to the cheap pool
+
+    policy = DeadlineChecked(SplitterThenCheapest(), 1.2)
+    run = simulate(policy, job, market)
+    assert policy.handovers == 1 and policy.returns == 1 and policy.switched_at is None
+    back = run.allocations.index(Allocation((0, 0, 4), 0))
+    assert run.allocations[4:back] == up.allocations[4:back]  # tracking UP until the member takes the job back
+    assert 10 < back < up.outcome.completion_hours  # not as soon as the pool opens, and while UP is at work
+    assert all(a == Allocation((0, 0, 4), 0) for a in run.allocations[back:])
+    assert not run.outcome.soft_miss
+    assert run.outcome.cost < up.outcome.cost
+    assert run.outcome.cost <= exact_bound(job, up.outcome.cost, 1.2, floor_at_submission(job, market))
 
 
 def test_a_job_behind_a_finished_shadow_finishes_on_the_spot_offered_not_on_on_demand():

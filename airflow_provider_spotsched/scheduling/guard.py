@@ -4,7 +4,7 @@ Forecast-driven plans (CHC, the selector's members) are cheaper than Uniform Pro
 most jobs, but a wrong forecast can leave a job far behind while spot was there, and the
 deadline safety net then buys the rest on demand at several times UP's cost. The guard bounds
 that loss, as learning-augmented online algorithms do (follow the prediction while it is
-cheap enough, else fall back on the robust algorithm for good):
+cheap enough, else fall back on the robust algorithm):
 
 - UP runs in shadow on the same market. Prices and availability are exogenous, so the shadow's
   allocations and its cost so far ``C_UP(<=t)`` are exactly what UP would have done and paid.
@@ -19,9 +19,9 @@ cheap enough, else fall back on the robust algorithm for good):
 - Otherwise the member's choice, topped up to as many instances as the shadow runs (the rest on
   the cheapest capacity), runs if it keeps the invariant; else the shadow's allocation. Either
   way it is for that slot only, and the member decides again the next slot. Only when the
-  shadow's allocation too would break the bound does UP take over from the job's own state,
-  for good (catching up with on-demand while behind). Every decision stays deadline-safe, as
-  the member's were.
+  shadow's allocation too would break the bound does UP take over from the job's own state
+  (catching up with on-demand while behind), until a choice of the member keeps the bound again
+  with a restart to spare. Every decision stays deadline-safe, as the member's were.
 
 ``docs/guard.md`` states the bound this gives and the assumption it rests on. The guard's factor
 ``1 + lambda`` is the parameter ``guard``.
@@ -149,7 +149,8 @@ def step_shadow(policy: Policy, shadow: Progress, observation: Observation, mark
 class GuardedPolicy(Policy):
     """``inner``'s choices while they keep its cost within ``guard`` x a shadow UP's; in the slots
     where they would not, the choice topped up to the shadow's instance count or the shadow's
-    allocation; and tracking UP for good once even that would not.
+    allocation; and tracking UP once even that would not, until ``inner``'s choice keeps the
+    bound again.
 
     It shows as ``inner`` with ``guard`` added to its parameters, and hands the forecaster, the
     committed plan and the realised market (an oracle) through to ``inner``.
@@ -169,7 +170,11 @@ class GuardedPolicy(Policy):
         self._throughput: Throughput | None = None  # the job's H(n) as last seen: both models' throughput
         self._floor = 0.0  # work_price_floor of the market seen so far
         self.switched_at: int | None = None
-        """The slot from which the job tracks the shadow for good; ``None`` while the inner policy may run it."""
+        """The slot from which the job tracks the shadow, since the last handover; ``None`` while the inner policy runs it."""
+        self.handovers = 0
+        """How many times the job was handed over to tracking."""
+        self.returns = 0
+        """How many times ``inner`` took the job back from tracking."""
         self.tracked_slots = 0
         """Slots before the switch that ran the shadow's allocation instead of ``inner``'s choice."""
         self.topped_up_slots = 0
@@ -201,6 +206,8 @@ class GuardedPolicy(Policy):
         self._throughput = None
         self._floor = 0.0
         self.switched_at = None
+        self.handovers = 0
+        self.returns = 0
         self.tracked_slots = 0
         self.topped_up_slots = 0
         self.safety_net_at = None
@@ -221,32 +228,68 @@ class GuardedPolicy(Policy):
         instance count on the cheapest capacity, if that keeps it and is deadline-safe; else the
         shadow's allocation for this slot, on the same two terms (``inner`` decides again next
         slot: the market may turn its way; a shadow that has finished runs idle, which keeps the
-        bound but would never finish a job still behind it); else tracking for good.
+        bound but would never finish a job still behind it); else tracking, until ``inner``
+        takes the job back (:meth:`_takes_back`).
 
-        The invariant is checked on whichever choice runs, so it holds after every slot before
-        the switch and the bound's proof is unchanged (``docs/guard.md``). A member that plans
-        within the bound (CHC) is not asked for the restart reserve: its plan keeps the
-        invariant in the slots ahead on its forecast, which the reserve only stands in for.
+        The invariant is checked on whichever choice runs but tracking, so it holds after the
+        slot before the last handover and the bound's proof is unchanged (``docs/guard.md``). A
+        member that plans within the bound (CHC) is not asked for the restart reserve while it
+        runs the job: its plan keeps the invariant in the slots ahead on its forecast, which the
+        reserve only stands in for. Taking the job back, it is: the job has just left its plan's
+        path, and a return the next slot hands over again pays a restart each way.
         """
         self._follow_shadow(observation)
-        if self.switched_at is None:
-            choice = self.inner.decide(observation)
-            if self.within_bound(observation, choice, restart_reserve=not self.inner_plans):
-                return choice
-            shadow_choice = self._shadow_choice(observation)
-            topped_up = topped_up_to(choice, shadow_choice.total, observation)
-            if (
-                topped_up is not None
-                and is_deadline_safe(observation.job, observation, topped_up)
-                and self.within_bound(observation, topped_up, restart_reserve=True)
-            ):
-                self.topped_up_slots += 1
-                return topped_up
-            if is_deadline_safe(observation.job, observation, shadow_choice) and self.within_bound(observation, shadow_choice):
-                self.tracked_slots += 1
-                return shadow_choice
-            self.switched_at = observation.slot
+        if self.switched_at is not None:
+            return self._tracking_or_taken_back(observation)
+        choice = self.inner.decide(observation)
+        if self.within_bound(observation, choice, restart_reserve=not self.inner_plans):
+            return choice
+        shadow_choice = self._shadow_choice(observation)
+        topped_up = topped_up_to(choice, shadow_choice.total, observation)
+        if (
+            topped_up is not None
+            and is_deadline_safe(observation.job, observation, topped_up)
+            and self.within_bound(observation, topped_up, restart_reserve=True)
+        ):
+            self.topped_up_slots += 1
+            return topped_up
+        if is_deadline_safe(observation.job, observation, shadow_choice) and self.within_bound(observation, shadow_choice):
+            self.tracked_slots += 1
+            return shadow_choice
+        self.switched_at = observation.slot
+        self.handovers += 1
         return self._track_shadow(observation)
+
+    def _tracking_or_taken_back(self, observation: Observation) -> Allocation:
+        """Tracking's choice for a handed-over job, or ``inner``'s where it takes the job back."""
+        tracking = self._track_shadow(observation)
+        if self.safety_net_at is not None or self._shadow_finished(observation):
+            return tracking
+        choice = self.inner.decide(observation)
+        if not self._takes_back(observation, choice, tracking):
+            return tracking
+        self.switched_at = None
+        self.returns += 1
+        return choice
+
+    def _takes_back(self, observation: Observation, choice: Allocation, tracking: Allocation) -> bool:
+        """Whether ``inner``'s ``choice`` takes a handed-over job back from ``tracking``: it costs
+        no more this slot than tracking, is deadline-safe, and keeps the bound with the restart
+        reserve (the caller asks this while the shadow is at work: behind a finished shadow,
+        tracking's finish is the cheapest sure one).
+
+        A return is for capacity the shadow passes over: a cheaper pool UP does not move to while
+        its own still runs. A choice that costs more now than tracking is the member paying
+        ahead against what it forecasts, which the shadow's allocation covers as it comes. The
+        reserve is asked of every member here, one that plans included: the job has just left
+        the plan's path, and a return handed over again the next slot pays a restart each way.
+        """
+        spot_price, on_demand = observation.spot_price, observation.on_demand_price
+        return (
+            choice.hourly_price(spot_price, on_demand) <= tracking.hourly_price(spot_price, on_demand) + 1e-9
+            and is_deadline_safe(observation.job, observation, choice)
+            and self.within_bound(observation, choice, restart_reserve=True)
+        )
 
     def within_bound(self, observation: Observation, choice: Allocation, restart_reserve: bool = False) -> bool:
         """Whether, after ``choice``, cost so far plus catching up with the shadow stays within
@@ -326,7 +369,7 @@ class GuardedPolicy(Policy):
         The gap is then one model of two allocation histories. The measured work would also hold
         the difference between the true throughput and the one the shadow's slots were credited
         at: a job declared 30% too fast trails the shadow by 30% of its first slot's work before
-        the estimate has measured anything, and the guard would hand it over for good to catch
+        the estimate has measured anything, and the guard would hand it over to catch
         up with work that no allocation lost. The shadow's past decisions stay as they were made;
         its next ones see its progress at the new throughput. After a slowdown that progress is
         less than UP measuring its own work would see (the slots before it are re-credited at the
@@ -381,7 +424,7 @@ class GuardedPolicy(Policy):
         job, shadow = observation.job, self._shadow_progress
         if self.safety_net_at is not None:
             return safety_net_allocation(observation)
-        finished_before = shadow.done and shadow.slot <= observation.slot
+        finished_before = self._shadow_finished(observation)
         if finished_before and self._keeps(observation):
             return observation.previous
         finishing = self._cheapest_finish(observation) if finished_before else None
@@ -397,6 +440,11 @@ class GuardedPolicy(Policy):
             return choice
         self.safety_net_at = observation.slot
         return safety_net_allocation(observation)
+
+    def _shadow_finished(self, observation: Observation) -> bool:
+        """Whether the shadow finished before the current slot."""
+        shadow = self._shadow_progress
+        return shadow.done and shadow.slot <= observation.slot
 
     def _cheapest_finish(self, observation: Observation) -> Allocation | None:
         """The fewest instances that finish the job in this slot, on the cheapest capacity (spot
