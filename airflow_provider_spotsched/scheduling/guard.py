@@ -20,8 +20,9 @@ cheap enough, else fall back on the robust algorithm):
   the cheapest capacity), runs if it keeps the invariant; else the shadow's allocation. Either
   way it is for that slot only, and the member decides again the next slot. Only when the
   shadow's allocation too would break the bound does UP take over from the job's own state
-  (catching up with on-demand while behind), until a choice of the member keeps the bound again
-  with a restart to spare. Every decision stays deadline-safe, as the member's were.
+  (catching up with on-demand while behind), until a choice of the member costs no more than
+  tracking and keeps the bound again with a restart to spare. Every decision stays
+  deadline-safe, as the member's were.
 
 ``docs/guard.md`` states the bound this gives and the assumption it rests on. The guard's factor
 ``1 + lambda`` is the parameter ``guard``.
@@ -176,9 +177,9 @@ class GuardedPolicy(Policy):
         self.returns = 0
         """How many times ``inner`` took the job back from tracking."""
         self.tracked_slots = 0
-        """Slots before the switch that ran the shadow's allocation instead of ``inner``'s choice."""
+        """Slots, while ``inner`` ran the job, that ran the shadow's allocation instead of its choice."""
         self.topped_up_slots = 0
-        """Slots before the switch that ran ``inner``'s choice topped up to the shadow's instance count."""
+        """Slots, while ``inner`` ran the job, that ran its choice topped up to the shadow's instance count."""
         self.safety_net_at: int | None = None
         """The slot from which, after the switch, the deadline safety net runs the job."""
         self.inner_plans = False
