@@ -527,6 +527,38 @@ def test_a_handed_over_job_is_taken_back_once_the_members_choice_keeps_the_bound
     assert run.outcome.cost <= exact_bound(job, up.outcome.cost, 1.2, floor_at_submission(job, market))
 
 
+class SplitterThenOnDemand(Policy):
+    """The Splitter, then N_max on-demand instances wherever no spot is offered (paying ahead
+    against the drop), and idle where it is."""
+
+    name = "splitter-then-on-demand"
+
+    def decide(self, observation: Observation) -> Allocation:
+        if observation.slot < 4:
+            return Allocation((2, 2), 0)
+        return Allocation((0, 0), 4) if observation.available.sum() == 0 else Allocation((0, 0), 0)
+
+
+def test_a_handed_over_job_is_not_taken_back_by_a_choice_dearer_than_tracking():
+    """Handed over at slot 4 as above. No spot is offered in slots 18-20, and UP, ahead of its
+    line, idles; tracking makes up the unit on 2 on-demand instances in slot 18 and idles with UP
+    after. The member would run 4 on-demand instances there: by then UP's cost so far leaves room
+    for it within the bound, so without the price condition it took the job back (107.20 USD
+    against 102.70; found on a `chc-auto` job of the held-out seed 301, 1.107 x UP where it had
+    paid 1.016); dearer than tracking in the slot, it does not."""
+    job = make_job(work=94.0, deadline_hours=36.0, max_instances=4, reconfig_overhead_hours=0.25, value=1000.0)
+    available = np.array([[0, 0] if 18 <= t <= 20 else [4, 4] for t in range(job.horizon_slots)])
+    market = with_free_history(whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0)))
+    up = simulate(UniformProgressPolicy(), job, market)
+    assert up.allocations[18:21] == [Allocation((0, 0), 0)] * 3
+
+    policy = DeadlineChecked(SplitterThenOnDemand(), 1.2)
+    run = simulate(policy, job, market)
+    assert policy.handovers == 1 and policy.returns == 0
+    assert run.allocations[18:21] == [Allocation((0, 0), 2), Allocation((0, 0), 0), Allocation((0, 0), 0)]
+    assert run.outcome.cost == pytest.approx(102.7)
+
+
 def test_a_job_behind_a_finished_shadow_finishes_on_the_spot_offered_not_on_on_demand():
     """Handed over one unit behind UP, the job tracks UP's 4 instances in the cheaper pool, and
     UP finishes at the end of slot 11. In slot 12 that pool offers only 2, so the job cannot run
