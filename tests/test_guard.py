@@ -543,9 +543,10 @@ def test_a_handed_over_job_is_not_taken_back_by_a_choice_dearer_than_tracking():
     """Handed over at slot 4 as above. No spot is offered in slots 18-20, and UP, ahead of its
     line, idles; tracking makes up the unit on 2 on-demand instances in slot 18 and idles with UP
     after. The member would run 4 on-demand instances there: by then UP's cost so far leaves room
-    for it within the bound, so without the price condition it took the job back (107.20 USD
-    against 102.70; found on a `chc-auto` job of the held-out seed 301, 1.107 x UP where it had
-    paid 1.016); dearer than tracking in the slot, it does not."""
+    for it within the bound, so without the price condition (``_takes_back`` with that line
+    removed, measured once) it took the job back (107.20 USD against 102.70; found on a
+    `chc-auto` job of the held-out seed 301, 1.107 x UP where it had paid 1.016); dearer than
+    tracking in the slot, it does not."""
     job = make_job(work=94.0, deadline_hours=36.0, max_instances=4, reconfig_overhead_hours=0.25, value=1000.0)
     available = np.array([[0, 0] if 18 <= t <= 20 else [4, 4] for t in range(job.horizon_slots)])
     market = with_free_history(whole(make_market(np.tile([1.0, 1.15], (job.horizon_slots, 1)), available, on_demand_price=3.0)))

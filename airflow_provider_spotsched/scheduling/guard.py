@@ -236,8 +236,7 @@ class GuardedPolicy(Policy):
         slot before the last handover and the bound's proof is unchanged (``docs/guard.md``). A
         member that plans within the bound (CHC) is not asked for the restart reserve while it
         runs the job: its plan keeps the invariant in the slots ahead on its forecast, which the
-        reserve only stands in for. Taking the job back, it is: the job has just left its plan's
-        path, and a return the next slot hands over again pays a restart each way.
+        reserve only stands in for (taking the job back, it is: :meth:`_takes_back`).
         """
         self._follow_shadow(observation)
         if self.switched_at is not None:
