@@ -252,6 +252,19 @@ def test_late_the_previous_spot_is_kept_unless_moving_saves_more_than_the_restar
     assert safety_net_allocation(observation) == chosen
 
 
+@pytest.mark.parametrize("work, chosen", [(5.0, spot(2, 0)), (30.0, spot(0, 2))])
+def test_late_a_move_is_weighed_over_the_slots_it_saves_in_not_one(work, chosen):
+    # slot 5 on pool 0 (1.4 USD) beside pool 1 (1.2), hard deadline 24 h, value 30 falling over
+    # 18 h: a restart costs 0.25 * (2.4 + 30 / 18) = 1.02 USD against a saving of 0.4 a slot.
+    # With 3 units left the job needs 1.5 slots (0.6 USD saved): it stays. With 28 left it needs 14,
+    # and pool 1, offered in all 6 slots so far, is expected to stay about 7 (Laplace: 1 / 7
+    # restarts a slot): 2.8 USD saved, so it moves, where one slot's saving alone kept it
+    job = make_job(work=work, reconfig_overhead_hours=0.25, hard_deadline_factor=4.0)
+    observation = late_observation(job, spot(2, 0), 2.0, 5, [1.4, 1.2])
+    assert soft_deadline_lost(observation)
+    assert safety_net_allocation(observation) == chosen
+
+
 @pytest.mark.parametrize("hard_factor, chosen", [(1.5, od(2)), (2.0, spot(2, 0))])
 def test_late_spot_runs_only_where_the_hard_deadline_leaves_room_for_its_restart(hard_factor, chosen):
     # slot 5, 7.5 units left on one spot instance: on-demand from now ends at 9 h, after

@@ -164,7 +164,8 @@ def late_allocation(observation: Observation) -> Allocation:
       low, may turn out to be: there the safety net's own rule holds;
     - the previous allocation, while it runs N_max instances at no more than the on-demand price
       each (N_max on-demand included, once even the declaration is late), is kept unless the
-      cheapest one saves more in a slot than moving costs;
+      cheapest one saves more than moving costs over the slots it can be expected to save in
+      (:func:`saving_slots`);
     - otherwise (moving to either costs a restart) the cheapest runs if its saving over on-demand
       in a slot exceeds its expected restarts per slot (:func:`restarts_per_slot`) times a
       restart's cost; else N_max on-demand.
@@ -187,7 +188,8 @@ def late_allocation(observation: Observation) -> Allocation:
         and fits(previous, observation.available)
         and all(prices[m] <= on_demand_price for m, n in enumerate(previous.spot) if n)
     ):
-        moving_saves = (previous.hourly_price(prices, on_demand_price) - bill) * job.slot_hours
+        saving_per_slot = (previous.hourly_price(prices, on_demand_price) - bill) * job.slot_hours
+        moving_saves = saving_per_slot * saving_slots(observation, cheapest)
         choice = cheapest if moving_saves > restart else previous
     else:
         saving = (fallback.hourly_price(prices, on_demand_price) - bill) * job.slot_hours
@@ -195,6 +197,21 @@ def late_allocation(observation: Observation) -> Allocation:
             choice = cheapest
     hard = job.hard_deadline_hours
     return choice if is_deadline_safe(job, observation, choice, deadline_hours=hard) else fallback
+
+
+def saving_slots(observation: Observation, allocation: Allocation) -> float:
+    """The slots over which a move to ``allocation`` (N_max instances) can be expected to save: those
+    the job still needs on N_max instances, at most the slots ``allocation`` is expected to stay
+    offered (one over :func:`restarts_per_slot`).
+
+    A restart is paid once, and a price gap read from the market now lasts, as far as anything
+    prediction-free can tell, until the job ends or the capacity is taken away. Set against one
+    slot's saving alone, a late job with many slots left kept a pool whose price had risen far
+    above another's (the twenty-second check in ``docs/unseen-markets.md``).
+    """
+    job = observation.job
+    slots_needed = observation.remaining_work / (job.rate(job.max_instances) * job.slot_hours)
+    return min(slots_needed, 1.0 / restarts_per_slot(observation, allocation))
 
 
 def restarts_per_slot(observation: Observation, allocation: Allocation, lookback_slots: int = 24) -> float:
