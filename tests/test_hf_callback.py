@@ -147,6 +147,8 @@ def test_a_notice_checkpoints_the_step_it_arrived_at_and_the_rerun_ends_as_the_r
     assert rerun.of("resumed")[0]["step"] == stopped
     assert min(event["step"] for event in rerun.of("log")) == stopped + 1
     assert_same_end(rerun, uri, reference)
+    progress = read_progress(str(uri))  # what the scheduler measures the restarted slot from
+    assert progress.resumed_samples == stopped * BATCH and progress.resumed <= progress.checkpointed <= progress.updated
 
 
 @pytest.mark.e2e

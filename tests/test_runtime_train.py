@@ -113,6 +113,10 @@ def test_sigterm_stops_with_an_emergency_checkpoint_and_resume_repeats_the_same_
     assert resumed["rendezvous_s"] == 0
     combined = {**step_losses(first), **step_losses(second)}
     assert combined == reference  # bitwise: same data, same optimizer state, same RNG
+    # the scheduler measures the slot that restarted the job from here: when and from what it resumed
+    progress = json.loads((uri / "progress.json").read_text())
+    assert progress["resumed_samples"] == preempted["samples_done"]
+    assert progress["resumed"] <= progress["checkpointed"] <= progress["updated"]
 
 
 def test_world_size_1_2_1_resumes_at_the_same_sample_and_follows_the_same_curve(uninterrupted, tmp_path):
@@ -213,6 +217,8 @@ def test_progress_counts_only_checkpointed_samples_while_steps_run_on(tmp_path):
         code, events = run_inline(config, uri)
     assert code == 75 and seen
     assert seen[0]["samples_done"] == 0 and seen[0]["checkpoint"] == "ckpt-000000000"  # 32 samples run, none stored
+    # the stamp of the work stays at its checkpoint while the report's own moves on
+    assert seen[0]["checkpointed"] <= seen[0]["resumed"] < seen[0]["updated"] and seen[0]["resumed_samples"] == 0
     stored = [e for e in events if e["event"] == "checkpoint"]
     assert json.loads((uri / "progress.json").read_text())["samples_done"] == stored[-1]["samples_done"]
 

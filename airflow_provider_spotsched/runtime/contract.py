@@ -57,6 +57,13 @@ class Progress:
     the command does not say); ``updated`` is the UTC time of the write (ISO-8601, ``Z``);
     ``eval_loss`` is the latest loss on the job's eval split (None without one, and in files
     written before it existed).
+
+    Three stamps let the scheduler measure the throughput in every slot, one that moved the job
+    included (empty when the command does not write them: the scheduler then skips such slots
+    and times the others by ``updated``): ``checkpointed``, when ``samples_done`` was stored (or
+    restored); ``resumed`` and ``resumed_samples``, when this process began computing from its
+    restored work and how much that was. A restart's set-up (instances, image, model load) then
+    falls outside the measured span instead of being read as a slow throughput.
     """
 
     samples_done: float = 0
@@ -69,17 +76,27 @@ class Progress:
     status: str = ""
     updated: str = ""
     eval_loss: float | None = None
+    checkpointed: str = ""
+    resumed: str = ""
+    resumed_samples: float = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def training_report(self) -> dict[str, Any] | None:
-        """What the UI shows of training (loss, eval loss if any, measured samples/s, step, world size); ``None`` before any."""
+        """What the UI shows of training (loss, eval loss if any, measured samples/s, step, world size)
+        and the stamps the scheduler times the work by; ``None`` before any."""
         if not self.updated:
             return None
         report = {"loss": self.loss, "samples_per_second": self.samples_per_second, "step": self.step,
                   "world_size": self.world_size, "updated": self.updated}
-        return report if self.eval_loss is None else {**report, "eval_loss": self.eval_loss}
+        if self.eval_loss is not None:
+            report["eval_loss"] = self.eval_loss
+        if self.checkpointed:
+            report["checkpointed"] = self.checkpointed
+        if self.resumed:
+            report.update(resumed=self.resumed, resumed_samples=self.resumed_samples)
+        return report
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Progress:

@@ -116,6 +116,8 @@ class SpotCallback(TrainerCallback):
         self.preempted = False
         self.keep = self.settings.keep
         self.checkpointed_step = 0
+        self.checkpointed_at = ""  # when checkpointed_step was saved or restored (contract.Progress)
+        self.resumed, self.resumed_samples = "", 0  # when this process began training, from how much work
         self.checkpoint_name: str | None = None  # its directory under URI/checkpoints (a store's has an upload id)
         self.loss: float | None = None
         self.eval_loss: float | None = None  # the latest loss on the Trainer's eval_dataset, when it has one
@@ -197,7 +199,7 @@ class SpotCallback(TrainerCallback):
             raise RuntimeError("a non-zero rank without a torch.distributed process group cannot resume: "
                                "launch the script with torchrun")
         step = checkpoint_step(chosen) if chosen else None
-        self.checkpointed_step = step or 0
+        self.checkpointed_step, self.checkpointed_at = step or 0, utc_now()
         self.checkpoint_name = stored or (chosen.name if chosen else None)
         saved = json.loads((chosen / MANIFEST).read_text()) if chosen else {}
         if chosen is not None:
@@ -242,6 +244,7 @@ class SpotCallback(TrainerCallback):
             self._watcher = NoticeWatcher(self.notice, self.stop, self.notice_poll_s, on_error=warn).start()
         self._global_batch = global_batch(args)
         self._last_save = self._last_step_end = time.monotonic()
+        self.resumed, self.resumed_samples = utc_now(), self.checkpointed_step * self._global_batch
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       optimizer: torch.optim.Optimizer | None = None, lr_scheduler: Any = None,
@@ -288,7 +291,7 @@ class SpotCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
-        now = time.monotonic()
+        now, reached = time.monotonic(), utc_now()
         step = state.global_step
         kind = "emergency" if self.preempted else "final" if step >= state.max_steps else "periodic"
         directory = self.output_dir / f"checkpoint-{step}"
@@ -309,7 +312,7 @@ class SpotCallback(TrainerCallback):
         barrier()  # no rank exits (torchrun would then stop the others) before the checkpoint is complete
         if self.mirror is not None and other_instance_leader():
             prune_staging(self.output_dir, self.keep)
-        self.checkpointed_step, self.checkpoint_name = step, name
+        self.checkpointed_step, self.checkpoint_name, self.checkpointed_at = step, name, reached
         save_s = now - self._save_requested if self._save_requested is not None else None
         if save_s is not None:  # a save the Trainer made on its own (e.g. at an epoch end) is not timed
             self.interval.record_cost(save_s)
@@ -369,7 +372,8 @@ class SpotCallback(TrainerCallback):
                 samples_total=state.max_steps * self._global_batch, step=self.checkpointed_step, loss=self.loss,
                 samples_per_second=round(self.samples_per_second, 3), world_size=args.world_size,
                 checkpoint=self.checkpoint_name,
-                status=status, updated=utc_now(), eval_loss=self.eval_loss))
+                status=status, updated=utc_now(), eval_loss=self.eval_loss, checkpointed=self.checkpointed_at,
+                resumed=self.resumed, resumed_samples=self.resumed_samples))
         except Exception as error:  # storage errors share no base class; the next write replaces it
             warn(f"progress not written ({type(error).__name__}: {error}); the next write replaces it")
 

@@ -113,6 +113,8 @@ class Trainer:
         self.rollbacks = 0
         self.latest_checkpoint: str | None = None  # the newest stored checkpoint, known on every rank
         self.checkpointed_samples = 0  # its samples_done: the work a restart resumes from
+        self.checkpointed_at = ""  # when checkpointed_samples was stored or restored (contract.Progress)
+        self.resumed, self.resumed_samples = "", 0  # when this process began training, from how much work
         self.seconds_per_sample: float | None = None
         self.nan_injections_left = set(config.fault_injection.nan_loss_at_steps)
         self.throughput = 0.0
@@ -199,7 +201,7 @@ class Trainer:
             for _, parameter in self.trainable:
                 self.workers.broadcast_(parameter.data)
         self.latest_checkpoint = name
-        self.checkpointed_samples = self.samples_done
+        self.checkpointed_samples, self.checkpointed_at = self.samples_done, utc_now()
         return choice
 
     # -- checkpoints and progress --------------------------------------------------------------
@@ -210,7 +212,7 @@ class Trainer:
         Every rank learns whether the store took it (one all-reduce), so that all agree on the
         newest stored checkpoint; a refused save changes nothing stored (see the module docstring).
         """
-        start = time.monotonic()
+        start, reached = time.monotonic(), utc_now()
         self.workers.barrier()
         error: Exception | None = None
         if self.workers.leader:
@@ -228,6 +230,7 @@ class Trainer:
                      f"the newest stored one is {self.latest_checkpoint}")
             return None
         self.latest_checkpoint, self.checkpointed_samples = checkpoint_name(self.step), self.samples_done
+        self.checkpointed_at = reached
         seconds = time.monotonic() - start
         self.interval.record_cost(seconds)
         self.emit("checkpoint", name=self.latest_checkpoint, kind=kind, step=self.step,
@@ -248,7 +251,8 @@ class Trainer:
                 samples_total=self.config.samples, step=self.step,
                 loss=self.losses[-1] if self.losses else None, samples_per_second=round(self.throughput, 3),
                 world_size=self.workers.world_size, checkpoint=self.latest_checkpoint, status=status,
-                updated=utc_now(),
+                updated=utc_now(), checkpointed=self.checkpointed_at, resumed=self.resumed,
+                resumed_samples=self.resumed_samples,
             ))
         except Exception as error:
             warn(f"progress not written ({type(error).__name__}: {error}); the next write replaces it")
@@ -395,6 +399,7 @@ class Trainer:
 
     def _train(self, first_step: int, started: float) -> int:
         config, workers = self.config, self.workers
+        self.resumed, self.resumed_samples = utc_now(), self.checkpointed_samples
         last_checkpoint = time.monotonic()
         window_start, window_samples = time.monotonic(), 0
         paced_from, paced_samples = time.monotonic(), self.samples_done
@@ -482,7 +487,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if not self.workers.leader:
             return EXIT_PREEMPTED
-        start = time.monotonic()
+        start, reached = time.monotonic(), utc_now()
         if not self.stored_this_step():  # a step stored already is never written again
             try:
                 self.latest_checkpoint = self.store.save(self.step, self.state(), samples_done=self.samples_done,
@@ -490,7 +495,7 @@ class Trainer:
             except Exception as exc:
                 warn(f"emergency checkpoint not stored ({type(exc).__name__}: {exc})")
                 return self.stopped_unsaved(reason=f"peer lost: {error}", discarded=0)
-            self.checkpointed_samples = self.samples_done
+            self.checkpointed_samples, self.checkpointed_at = self.samples_done, reached
         seconds = time.monotonic() - start
         self.write_progress("preempted")
         self.emit("preempted", reason=f"peer lost: {error}", checkpoint=self.latest_checkpoint, step=self.step,
