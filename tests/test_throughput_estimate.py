@@ -203,20 +203,34 @@ def gcp_market(gcp_trace):
     return resample(gcp_trace, first, 1.0, HISTORY + 40, ["us-central1-a", "us-east5-a", "europe-west1-c"])
 
 
-def drive_slower(run: OnlineRun, market: SlotMarket, truth: TrueThroughput) -> OnlineRun:
-    """Run to completion on the true throughput, resuming from JSON state at every slot."""
+def stamp(at: datetime) -> str:
+    return at.isoformat().replace("+00:00", "Z")
+
+
+def drive_slower(run: OnlineRun, market: SlotMarket, truth: TrueThroughput, resume_stamps: bool = True) -> OnlineRun:
+    """Run to completion on the true throughput, resuming from JSON state at every slot. Each
+    decision reads a runtime's report, stamped when the work was reached and, with
+    ``resume_stamps``, when the workers last (re)started resumed training: the reconfiguration
+    overhead after the decision that started them."""
     progress = Progress()
+    training: dict[str, object] | None = None
     while True:
         run = OnlineRun.from_state(json.loads(json.dumps(run.to_state())))
-        record = run.decide(progress.work_done, NOW + timedelta(hours=run.slot))
+        decided = NOW + timedelta(hours=run.slot)
+        record = run.decide(progress.work_done, decided, training=training)
         applied = Allocation(tuple(record.allocation["spot"].get(p, 0) for p in run.config.pools), record.allocation["on_demand"])
         run.applied(applied)
         row = HISTORY + run.slot
         real = truth.job_at(run.config.job, run.slot * run.config.job.slot_hours)
+        before = progress.work_done
         step = advance(real, progress, applied, market.spot_price[row], market.on_demand_price)
         if step.completion_hours is not None:
             run.complete(step.completion_hours)
             return run
+        training = {**(training or {}), "updated": stamp(decided + timedelta(hours=1)), "checkpointed": stamp(decided + timedelta(hours=1))}
+        if step.reconfiguration and resume_stamps:
+            overhead = timedelta(hours=run.config.job.reconfig_overhead_hours)
+            training.update(resumed=stamp(decided + overhead), resumed_samples=before)
         run.observe(market.spot_price[row + 1], market.available[row + 1])
 
 
@@ -231,9 +245,44 @@ def test_an_online_run_estimates_as_the_simulator_does_across_restarts(gcp_marke
     assert run.result()["completion_hours"] == pytest.approx(reference.outcome.completion_hours)
     log = run.decision_log()
     assert log[0]["throughput"] == {"alpha": 1.0, "beta": 0.0}
-    assert log[1]["throughput"] == {"alpha": 1.0, "beta": 0.0}  # slot 0 started the workers: not a measurement
-    assert any(entry["throughput"]["alpha"] == pytest.approx(SLOWER) for entry in log[2:])
+    assert log[1]["throughput"]["alpha"] == pytest.approx(SLOWER)  # slot 0 measured from the resume on
     assert log[-1]["throughput"]["alpha"] < SLOWER  # the slowdown was measured too
+
+
+def test_a_slot_that_starts_workers_is_measured_only_from_their_resume_stamp(gcp_market):
+    """Without the runtime's resume stamp (a user's command may write none) the start slot says
+    nothing; with it, the slot measures the training after the start, and a slow start (the
+    workers resume late in the slot) is not read as a slow throughput."""
+    job = make_job(work=60.0, deadline_hours=20.0, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
+
+    def factor_after_the_start(training: dict[str, object] | None) -> float:
+        config = RunConfig("run-start", job, gcp_market.pools, policy="on-demand")
+        run = OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW)
+        run.decide(0.0, NOW)
+        run.applied(Allocation(tuple(0 for _ in run.config.pools), 4))
+        run.observe(gcp_market.spot_price[HISTORY + 1], gcp_market.available[HISTORY + 1])
+        return run.decide(0.4 * job.rate(4), NOW + timedelta(hours=1), training=training).throughput["alpha"]
+
+    worked = {"updated": stamp(NOW + timedelta(hours=1)), "checkpointed": stamp(NOW + timedelta(hours=1))}
+    assert factor_after_the_start(worked) == 1.0  # no resume stamp: not a measurement
+    assert factor_after_the_start({**worked, "resumed": "soon", "resumed_samples": 0}) == 1.0
+    resumed_late = {**worked, "resumed": stamp(NOW + timedelta(hours=0.6)), "resumed_samples": 0}
+    assert factor_after_the_start(resumed_late) == pytest.approx(1.0)  # 0.4 h of work in the 0.4 h it trained
+    resumed_early = {**worked, "resumed": stamp(NOW + timedelta(hours=0.2)), "resumed_samples": 0}
+    assert factor_after_the_start(resumed_early) == pytest.approx(0.5)  # 0.4 h of work in 0.8 h: half the speed
+    assert factor_after_the_start({**resumed_early, "resumed_samples": "none"}) == 1.0  # from what work? not a measurement
+    resumed_before_the_decision = {**worked, "resumed": stamp(NOW - timedelta(hours=0.2)), "resumed_samples": 0}
+    assert factor_after_the_start(resumed_before_the_decision) == 1.0  # another process's stamp: not this slot's
+
+
+def test_without_resume_stamps_an_online_run_measures_only_the_slots_that_kept_their_workers(gcp_market):
+    job = make_job(work=60.0, deadline_hours=20.0, max_instances=4, value=400.0, reconfig_overhead_hours=0.25)
+    config = RunConfig("run-old-runtime", job, gcp_market.pools, policy="uniform-progress", forecaster="persistence")
+    started = OnlineRun.start(config, gcp_market.prefix(HISTORY + 1), NOW)
+    run = drive_slower(started, gcp_market, TrueThroughput(SLOWER), resume_stamps=False)
+    log = run.decision_log()
+    assert log[1]["throughput"] == {"alpha": 1.0, "beta": 0.0}  # slot 0 started the workers: not a measurement
+    assert log[-1]["throughput"]["alpha"] == pytest.approx(SLOWER)
 
 
 @pytest.mark.parametrize("factor", [SLOWER, 1.0])

@@ -598,12 +598,13 @@ class OnlineRun:
         where they can be trusted (:meth:`_measured_span`), else between the decisions (``now``
         for the current one; the slot's length where it is missing). A report is as old as the
         last checkpoint: timed by the decisions, one slot reads slow and the next fast, and the
-        spread drags the estimate's lower bound down. Skipped: a slot with nothing recorded as
-        applied; one with a preemption, whose lost instances and work rolled back to a checkpoint
-        say nothing about H(n); one that (re)starts workers, whose start measures the
-        reconfiguration overhead rather than H(n): a slow start (a loaded host, a cold image) read
-        as throughput sent the demo to on-demand for good; and one timed over less than half a
-        slot, such as the slots a re-attached run decides back to back after a gap: the work
+        spread drags the estimate's lower bound down. A slot that (re)starts workers is measured
+        from when they resumed training, by the runtime's resume stamp (:meth:`_resumed_span`):
+        its start (instances, image, model load) is not H(n), and a slow one read as throughput
+        sent the demo to on-demand for good; without the stamp it is skipped. Skipped too: a
+        slot with nothing recorded as applied; one with a preemption, whose lost instances and
+        work rolled back to a checkpoint say nothing about H(n); and one timed over less than half
+        a slot, such as the slots a re-attached run decides back to back after a gap: the work
         of the gap falls to the slot before, and the few samples left over a millisecond, read
         as a rate, spread the measurements so far that the lower bound hit its floor.
 
@@ -612,34 +613,30 @@ class OnlineRun:
         """
         job, pools = self.config.job, self.config.pools
         estimate = estimate or ThroughputEstimate(job.throughput)
-        readings: list[tuple[float, datetime | None, datetime | None]] = [
-            (r.work_done, parse_timestamp(r.time), _report_stamp(r.training)) for r in self.records
-        ]
-        readings.append((work_done, now, _report_stamp(training)))
+        readings = [_Reading.of(r.work_done, parse_timestamp(r.time), r.training) for r in self.records]
+        readings.append(_Reading.of(work_done, now, training))
         previous, preemptions, decided_before = Allocation.idle(len(pools)), 0, None
         for record, start, end in zip(self.records, readings, readings[1:]):
             applied = allocation_from_dict(record.applied or {}, pools)
-            if record.applied is not None and record.preemptions <= preemptions and applied == previous:
-                hours = self._measured_span(decided_before, start[1:], end[1:])
+            if record.applied is not None and record.preemptions <= preemptions:
+                if applied == previous:
+                    hours, work = self._measured_span(decided_before, start, end), end.work - start.work
+                else:
+                    hours, work = self._resumed_span(start, end)
                 if hours >= job.slot_hours / 2:
-                    estimate.observe(applied.total, hours, max(end[0] - start[0], 0.0))
-            previous, preemptions, decided_before = applied, record.preemptions, start[1]
+                    estimate.observe(applied.total, hours, max(work, 0.0))
+            previous, preemptions, decided_before = applied, record.preemptions, start.decided
         return estimate
 
-    def _measured_span(
-        self,
-        decided_before: datetime | None,
-        start: tuple[datetime | None, datetime | None],
-        end: tuple[datetime | None, datetime | None],
-    ) -> float:
-        """Market hours between two readings, each a (decision time, report stamp) pair.
+    def _measured_span(self, decided_before: datetime | None, start: _Reading, end: _Reading) -> float:
+        """Market hours between two readings.
 
         The stamps time the work exactly when the first was written after the slot before began
         (``decided_before``: the measured allocation already ran then), the second after the
         first decision, neither after its own decision, and they lie at least
         :data:`MIN_STAMPED_SECONDS` apart. Otherwise the decisions time it.
         """
-        (start_decided, start_stamp), (end_decided, end_stamp) = start, end
+        start_decided, start_stamp, end_decided, end_stamp = start.decided, start.stamp, end.decided, end.stamp
         if start_decided is None or end_decided is None:
             return self.config.job.slot_hours
         if (
@@ -651,6 +648,25 @@ class OnlineRun:
         ):
             return self._market_hours(start_stamp, end_stamp)
         return self._market_hours(start_decided, end_decided)
+
+    def _resumed_span(self, start: _Reading, end: _Reading) -> tuple[float, float]:
+        """Market hours and work of a slot that (re)started workers, from when they resumed training
+        (the end reading's resume stamp and the work it resumed from) to the work the end reading
+        stamps; ``(0, 0)``, no measurement, unless the resume came after the slot's decision, the
+        work's stamp after the resume and not after the decision that read it, at least
+        :data:`MIN_STAMPED_SECONDS` apart."""
+        resumed, stamp = end.resumed, end.stamp
+        if (
+            start.decided is None
+            or end.decided is None
+            or resumed is None
+            or stamp is None
+            or end.resumed_work is None
+            or not start.decided <= resumed <= stamp <= end.decided
+            or (stamp - resumed).total_seconds() < MIN_STAMPED_SECONDS
+        ):
+            return 0.0, 0.0
+        return self._market_hours(resumed, stamp), end.work - end.resumed_work
 
     def _market_hours(self, start: datetime, end: datetime) -> float:
         """Market hours between two wall-clock instants of this run."""
@@ -688,10 +704,36 @@ class OnlineRun:
         }
 
 
-def _report_stamp(training: Mapping[str, Any] | None) -> datetime | None:
-    """When the runtime wrote the progress report a decision read; ``None`` if it carries no
-    readable stamp (a runtime of the user's may write none)."""
-    stamp = (training or {}).get("updated")
+@dataclass(frozen=True)
+class _Reading:
+    """What one decision read of the runtime's progress report (:class:`~airflow_provider_spotsched.runtime.contract.Progress`)."""
+
+    work: float  # the checkpointed work
+    decided: datetime | None  # when the decision read it
+    stamp: datetime | None  # when that work was reached: the report's ``checkpointed``, else when it was written
+    resumed: datetime | None  # when the reporting process began training
+    resumed_work: float | None  # the work it began from
+
+    @classmethod
+    def of(cls, work: float, decided: datetime | None, training: Mapping[str, Any] | None) -> _Reading:
+        """A reading of ``training``, the runtime's report; a stamp or count it does not carry, or that
+        is no time or number (a runtime of the user's may write anything), is ``None``."""
+        report = training or {}
+        resumed_work = report.get("resumed_samples")
+        if isinstance(resumed_work, bool) or not isinstance(resumed_work, (int, float)) or not 0 <= resumed_work < math.inf:
+            resumed_work = None
+        return cls(
+            work=work,
+            decided=decided,
+            stamp=_report_stamp(report, "checkpointed") or _report_stamp(report, "updated"),
+            resumed=_report_stamp(report, "resumed"),
+            resumed_work=None if resumed_work is None else float(resumed_work),
+        )
+
+
+def _report_stamp(report: Mapping[str, Any], name: str) -> datetime | None:
+    """The report's stamp ``name``; ``None`` if it carries no readable one."""
+    stamp = report.get(name)
     if not isinstance(stamp, str) or not stamp:
         return None
     try:

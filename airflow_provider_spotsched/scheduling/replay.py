@@ -147,6 +147,8 @@ def simulate(
         results.append(result)
         if progress.done:
             break
-        if estimate is not None and not result.reconfiguration:  # a start measures the overhead, not H(n)
+        if estimate is not None and result.effective_hours >= job.slot_hours / 2:
+            # a slot that (re)started workers is measured from when they resumed computing, as an
+            # online run measures it by the runtime's resume stamp (online.py)
             estimate.observe(allocation.total, result.effective_hours, result.progress)
     return SimulationResult(policy.label, job, market.pools, allocations, outcome(job, progress, results), timings, truth)
