@@ -34,7 +34,7 @@ import numpy as np
 from airflow_provider_spotsched.forecast import LIVE_FORECASTERS, make_forecaster
 from airflow_provider_spotsched.market.slots import SlotMarket, pool_names
 from airflow_provider_spotsched.market.trace import format_instant, format_timestamp, parse_timestamp
-from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Allocation, Job, JobError, as_count
+from airflow_provider_spotsched.scheduling.model import DEFAULT_MAX_INSTANCES_LIMIT, Allocation, Job, JobError, as_count, is_number
 from airflow_provider_spotsched.scheduling.policies import make_policy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
 from airflow_provider_spotsched.scheduling.replay import JobMarket
@@ -719,15 +719,13 @@ class _Reading:
         """A reading of ``training``, the runtime's report; a stamp or count it does not carry, or that
         is no time or number (a runtime of the user's may write anything), is ``None``."""
         report = training or {}
-        resumed_work = report.get("resumed_samples")
-        if isinstance(resumed_work, bool) or not isinstance(resumed_work, (int, float)) or not 0 <= resumed_work < math.inf:
-            resumed_work = None
+        resumed_work: Any = report.get("resumed_samples")
         return cls(
             work=work,
             decided=decided,
             stamp=_report_stamp(report, "checkpointed") or _report_stamp(report, "updated"),
             resumed=_report_stamp(report, "resumed"),
-            resumed_work=None if resumed_work is None else float(resumed_work),
+            resumed_work=float(resumed_work) if is_number(resumed_work) and resumed_work >= 0 else None,
         )
 
 
