@@ -317,6 +317,23 @@ def test_late_spot_that_keeps_being_taken_away_is_not_worth_its_restarts(flappin
     assert safety_net_allocation(observation) == chosen
 
 
+@pytest.mark.parametrize("steady, chosen", [(True, Allocation((1, 0), 2)), (False, od(3))])
+def test_late_spot_running_below_n_max_is_kept_and_topped_up_where_the_cheapest_would_not_pay(steady, chosen):
+    # slot 24, the soft deadline, with 40 units left on N_max = 3: late at any speed. The value,
+    # 3000 falling over 24 h, loses 125 USD an hour, so a restart costs 0.25 h * (its bill + 125).
+    # The job runs pool 0's instance (1 USD) and one on-demand (3), below N_max: whatever runs
+    # next restarts it. The cheapest three, pool 1's two at 0.5 and pool 0's, save 7 USD a slot
+    # over on-demand, but pool 1 is taken away after every slot it is offered (13 / 15 restarts a
+    # slot, 27.6 USD); pool 0's instance kept beside two on-demand saves 2 against 1 / 26 x 33
+    # USD, where pool 0 was never taken away, and a job on 3 on-demand would give it up
+    job = make_job(work=60.0, deadline_hours=24.0, max_instances=3, value=3000.0, hard_deadline_factor=2.0,
+                   reconfig_overhead_hours=0.25)
+    history = [[1 if steady or t % 2 == 0 else 0, 2 if t % 2 == 0 else 0] for t in range(25)]
+    observation = late_observation(job, Allocation((1, 0), 1), 20.0, 24, [1.0, 0.5], history)
+    assert soft_deadline_lost(observation)
+    assert safety_net_allocation(observation) == chosen
+
+
 def test_the_safety_net_stays_on_demand_while_the_soft_deadline_can_be_met():
     # slot 2, 8 units left: N_max on-demand ends at 6 h = d, which spot with a restart would miss
     job = make_job(reconfig_overhead_hours=0.25)

@@ -166,9 +166,12 @@ def late_allocation(observation: Observation) -> Allocation:
       each (N_max on-demand included, once even the declaration is late), is kept unless the
       cheapest one saves more than moving costs over the slots it can be expected to save in
       (:func:`saving_slots`);
-    - otherwise (moving to either costs a restart) the cheapest runs if its saving over on-demand
-      in a slot exceeds its expected restarts per slot (:func:`restarts_per_slot`) times a
-      restart's cost; else N_max on-demand.
+    - otherwise every choice costs a restart: of the cheapest and of the spot instances running
+      now kept with on-demand to N_max (:func:`kept_spot_topped_up`), the one whose saving over
+      on-demand in a slot exceeds its expected restarts per slot (:func:`restarts_per_slot`) times
+      a restart's cost by the most runs; where neither saves more, N_max on-demand. A job that
+      ran some spot below N_max keeps it while that pays, instead of giving it up for the whole
+      of N_max on-demand because a cheaper spread over other pools would not pay.
 
     Whatever runs must leave N_max on-demand from the next slot able to finish by the hard
     deadline; else N_max on-demand.
@@ -180,23 +183,42 @@ def late_allocation(observation: Observation) -> Allocation:
         return fallback
 
     cheapest = cheapest_allocation(job.max_instances, prices, observation.available, on_demand_price)
-    bill = cheapest.hourly_price(prices, on_demand_price)
-    restart = job.reconfig_overhead_hours * (bill + _value_lost_per_hour(job))
     choice = fallback
-    if (
-        previous.total == job.max_instances
-        and fits(previous, observation.available)
-        and all(prices[m] <= on_demand_price for m, n in enumerate(previous.spot) if n)
-    ):
+    if previous.total == job.max_instances and _still_offered(previous, observation):
+        bill = cheapest.hourly_price(prices, on_demand_price)
+        restart = job.reconfig_overhead_hours * (bill + _value_lost_per_hour(job))
         saving_per_slot = (previous.hourly_price(prices, on_demand_price) - bill) * job.slot_hours
         moving_saves = saving_per_slot * saving_slots(observation, cheapest)
         choice = cheapest if moving_saves > restart else previous
     else:
-        saving = (fallback.hourly_price(prices, on_demand_price) - bill) * job.slot_hours
-        if saving > restarts_per_slot(observation, cheapest) * restart:
-            choice = cheapest
+        on_demand_bill = fallback.hourly_price(prices, on_demand_price)
+        best = 0.0
+        for candidate in (cheapest, kept_spot_topped_up(observation)):
+            if candidate is None:
+                continue
+            bill = candidate.hourly_price(prices, on_demand_price)
+            restart = job.reconfig_overhead_hours * (bill + _value_lost_per_hour(job))
+            net = (on_demand_bill - bill) * job.slot_hours - restarts_per_slot(observation, candidate) * restart
+            if net > best:
+                choice, best = candidate, net
     hard = job.hard_deadline_hours
     return choice if is_deadline_safe(job, observation, choice, deadline_hours=hard) else fallback
+
+
+def kept_spot_topped_up(observation: Observation) -> Allocation | None:
+    """The spot instances running now, kept, and on-demand for the rest of N_max; ``None`` where
+    none run, or a pool no longer offers them within the on-demand price."""
+    previous, job = observation.previous, observation.job
+    spot = sum(previous.spot)
+    if spot == 0 or spot >= job.max_instances or not _still_offered(previous, observation):
+        return None
+    return Allocation(previous.spot, job.max_instances - spot)
+
+
+def _still_offered(allocation: Allocation, observation: Observation) -> bool:
+    """Whether every spot instance of ``allocation`` is offered now, at no more than on-demand."""
+    prices, on_demand_price = observation.spot_price, observation.on_demand_price
+    return fits(allocation, observation.available) and all(prices[m] <= on_demand_price for m, n in enumerate(allocation.spot) if n)
 
 
 def saving_slots(observation: Observation, allocation: Allocation) -> float:
