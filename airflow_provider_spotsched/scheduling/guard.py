@@ -44,7 +44,7 @@ from airflow_provider_spotsched.scheduling.planner import CostLimit
 from airflow_provider_spotsched.scheduling.policies.chc import CHCPolicy
 from airflow_provider_spotsched.scheduling.policies.uniform_progress import UniformProgressPolicy
 from airflow_provider_spotsched.scheduling.policy import Observation, Policy
-from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, fits, is_deadline_safe, safety_net_allocation
+from airflow_provider_spotsched.scheduling.rules import cheapest_allocation, is_deadline_safe, safety_net_allocation, still_offered
 
 DEFAULT_GUARD = 1.2
 """The default factor 1 + lambda, from a 1.25 x UP target: a job the guard never hands over costs
@@ -491,7 +491,6 @@ class GuardedPolicy(Policy):
         job, previous = observation.job, observation.previous
         return (
             previous.total == job.max_instances
-            and fits(previous, observation.available)
-            and all(observation.spot_price[m] <= observation.on_demand_price for m, n in enumerate(previous.spot) if n)
+            and still_offered(previous, observation)
             and is_deadline_safe(job, observation, previous)
         )

@@ -184,7 +184,7 @@ def late_allocation(observation: Observation) -> Allocation:
 
     cheapest = cheapest_allocation(job.max_instances, prices, observation.available, on_demand_price)
     choice = fallback
-    if previous.total == job.max_instances and _still_offered(previous, observation):
+    if previous.total == job.max_instances and still_offered(previous, observation):
         bill = cheapest.hourly_price(prices, on_demand_price)
         restart = job.reconfig_overhead_hours * (bill + _value_lost_per_hour(job))
         saving_per_slot = (previous.hourly_price(prices, on_demand_price) - bill) * job.slot_hours
@@ -210,13 +210,14 @@ def kept_spot_topped_up(observation: Observation) -> Allocation | None:
     none run, or a pool no longer offers them within the on-demand price."""
     previous, job = observation.previous, observation.job
     spot = sum(previous.spot)
-    if spot == 0 or spot >= job.max_instances or not _still_offered(previous, observation):
+    if spot == 0 or spot >= job.max_instances or not still_offered(previous, observation):
         return None
     return Allocation(previous.spot, job.max_instances - spot)
 
 
-def _still_offered(allocation: Allocation, observation: Observation) -> bool:
-    """Whether every spot instance of ``allocation`` is offered now, at no more than on-demand."""
+def still_offered(allocation: Allocation, observation: Observation) -> bool:
+    """Whether every spot instance of ``allocation`` is offered now, at no more than the on-demand
+    price: an allocation the job may keep running."""
     prices, on_demand_price = observation.spot_price, observation.on_demand_price
     return fits(allocation, observation.available) and all(prices[m] <= on_demand_price for m, n in enumerate(allocation.spot) if n)
 
