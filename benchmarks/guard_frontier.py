@@ -3,11 +3,12 @@
 ``docs/guard.md``: under the guard every slot must keep ``C(<=t) + pi * gap <= C_UP(<=t) + lambda *
 (C_UP(<=t) + f * (L - W_UP))`` (``guard.allowed_cost``; a job trailing UP keeps the handover margin). No guarded policy can pay less than
 the cheapest schedule that keeps it after every slot on the realised market, so that schedule is
-the limit of what better forecasts can buy under the guard. This computes it with the exact
-planner (the guard's ``CostLimit`` built from UP's realised run, the whole horizon at once, as
-``optimal`` plans) and prints, per guard factor, its mean excess over the hindsight optimum next
-to UP's and to CHC's on the realised market under the same guard (commit 1), on the evaluation
-grid's jobs. Plain script:
+the limit of what better forecasts can buy under the guard. (Here the floor ``f`` lends from
+submission; the guard lends it only once the job has run, a room no larger, so the limit holds.)
+This computes it with the exact planner (the guard's ``CostLimit`` built from UP's realised run,
+the whole horizon at once, as ``optimal`` plans) and prints, per guard factor, its mean excess
+over the hindsight optimum next to UP's and to CHC's on the realised market under the same guard
+(commit 1), on the evaluation grid's jobs. Plain script:
 
     python benchmarks/guard_frontier.py --scenarios 8 --guards 1.2 1.5
     python benchmarks/guard_frontier.py --traces /tmp/sel/s41.csv.gz --scenarios 4

@@ -198,7 +198,7 @@ def test_the_floor_is_the_cheapest_offer_at_the_most_work_per_instance_hour():
 
 
 def cheap_pool_later():
-    """Pool 0 at 1.6 from the start; pool 1 at 1.0 from slot 2: waiting two slots for it pays."""
+    """Pool 0 at 1.6 from the start; pool 1 at 1.0 from slot 2: waiting for it pays."""
     job = make_job(work=24.0, deadline_hours=16.0, max_instances=2, value=200.0)
     slots = job.horizon_slots
     price = np.tile([1.6, 1.0], (slots, 1))
@@ -206,12 +206,13 @@ def cheap_pool_later():
     return job, whole(make_market(price, available, on_demand_price=3.0))
 
 
-def test_the_allowance_lets_a_right_forecast_wait_at_the_start_where_ups_cost_so_far_would_not():
+def test_the_allowance_lets_a_right_forecast_wait_once_the_job_has_run_where_ups_cost_so_far_would_not():
     """UP starts at once on the dearer pool. CHC on the realised market waits two slots for the
-    cheaper one: it trails UP by four units of work, priced at on-demand in the invariant. Within
-    lambda x UP's cost so far (1.6 x 2 x 1.2 after slot 0) that wait is overruled in its first slot;
-    within lambda x a lower bound of UP's final cost (its cost so far, the rest of its work at the
-    floor price) it runs, and costs less than UP."""
+    cheaper one. Before the job has run, its throughput is the declaration's word alone and the
+    floor lends nothing: within lambda x UP's cost so far (1.6 x 2 x 0.2 after slot 0) the job
+    runs slot 0 as UP does. From slot 1 on, measured, the room is lambda x a lower bound of UP's
+    final cost (its cost so far, the rest of its work at the floor price): the job waits slot 1
+    out and costs less than UP, where with a floor of ~0 the wait is overruled too."""
     job, market = cheap_pool_later()
     up = simulate(UniformProgressPolicy(), job, market)
     assert up.allocations[0] == Allocation((2, 0), 0)
@@ -221,13 +222,13 @@ def test_the_allowance_lets_a_right_forecast_wait_at_the_start_where_ups_cost_so
 
     policy = DeadlineChecked(CHCPolicy(**oracle), 1.2)
     guarded = simulate(policy, job, market)
-    assert guarded.allocations == unguarded.allocations
-    assert policy.topped_up_slots == 0 and policy.tracked_slots == 0 and policy.switched_at is None
-    assert guarded.outcome.cost < up.outcome.cost and not guarded.outcome.soft_miss
+    assert guarded.allocations[:3] == [Allocation((2, 0), 0), Allocation((0, 0), 0), Allocation((0, 2), 0)]
+    assert policy.switched_at is None
+    assert unguarded.outcome.cost < guarded.outcome.cost < up.outcome.cost and not guarded.outcome.soft_miss
 
     tightest = with_free_history(market)  # floor ~0: lambda x UP's cost so far alone
     overruled = simulate(DeadlineChecked(CHCPolicy(**oracle), 1.2), job, tightest)
-    assert overruled.allocations[0].total == 2  # it runs as many instances as UP from the start
+    assert [a.total for a in overruled.allocations[:2]] == [2, 2]  # as many instances as UP throughout
     assert overruled.outcome.cost > guarded.outcome.cost
 
 
@@ -237,28 +238,32 @@ class Dearest(Policy):
     name = "dearest"
 
     def decide(self, observation: Observation) -> Allocation:
-        pool = int(np.argmax(observation.spot_price))
+        n = observation.job.max_instances
+        pool = int(np.argmax(np.where(observation.available >= n, observation.spot_price, -np.inf)))
         spot = [0] * observation.past.num_pools
-        spot[pool] = observation.job.max_instances
+        spot[pool] = n
         return Allocation(tuple(spot), 0)
 
 
 def test_prices_that_fall_below_the_floor_cost_at_most_lambda_x_the_work_at_the_floor_more():
-    """The adversary of the allowance: a member spends the room on the dearer pool while the
-    floor is 1, then every price falls to a tenth of it, so UP's final cost is far below the
-    lower bound the room was sized on. Handed over once the room is spent (slot 2), the job pays
-    about 1.5 x UP: more than 1.2 x UP, within 1.2 x UP + lambda x its work at the floor price,
-    the bound's floor term. With a floor of ~0 (the old room) it runs UP's allocations throughout."""
+    """The adversary of the allowance: the one pool offered in slot 0 is taken away, and a member
+    spends the room on the dearer of the two that follow while the floor is 1; then every price
+    falls to a tenth of it, so UP's final cost is far below the lower bound the room was sized on.
+    Handed over once the room is spent (slot 3), the job pays about 1.5 x UP: more than 1.2 x UP,
+    within 1.2 x UP + lambda x its work at the floor price, the bound's floor term. With a floor
+    of ~0 (the old room) it runs UP's allocations throughout."""
     job = make_job(work=24.0, deadline_hours=16.0, max_instances=2, reconfig_overhead_hours=0.25, value=200.0)
     slots = job.horizon_slots
-    price = np.array([[1.0, 2.0] if t < 3 else [0.1, 0.1] for t in range(slots)])
-    market = whole(make_market(price, np.full((slots, 2), 2), on_demand_price=3.0))
+    price = np.array([[1.0, 1.0, 2.0] if t < 3 else [0.1, 0.1, 0.1] for t in range(slots)])
+    available = np.array([[2, 0, 0] if t == 0 else [0, 2, 2] for t in range(slots)])
+    market = whole(make_market(price, available, on_demand_price=3.0))
     up = simulate(UniformProgressPolicy(), job, market).outcome
     floor = floor_at_submission(job, market)
     policy = DeadlineChecked(Dearest(), 1.2)
-    guarded = simulate(policy, job, market).outcome
-    assert not guarded.soft_miss and policy.switched_at == 2
-    assert 1.2 * up.cost < guarded.cost <= exact_bound(job, up.cost, 1.2, floor)
+    guarded = simulate(policy, job, market)
+    assert guarded.allocations[1] == Allocation((0, 0, 2), 0)
+    assert not guarded.outcome.soft_miss and policy.switched_at == 3
+    assert 1.2 * up.cost < guarded.outcome.cost <= exact_bound(job, up.cost, 1.2, floor)
 
     tightest = DeadlineChecked(Dearest(), 1.2)
     old_room = simulate(tightest, job, with_free_history(market)).outcome

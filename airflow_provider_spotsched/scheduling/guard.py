@@ -169,7 +169,7 @@ class GuardedPolicy(Policy):
         self._ran: list[Allocation] = []  # the job's allocation in each slot before the current one
         self._ran_progress = Progress()  # their work at the throughput below
         self._throughput: Throughput | None = None  # the job's H(n) as last seen: both models' throughput
-        self._floor = 0.0  # work_price_floor of the market seen so far
+        self._floor = 0.0  # work_price_floor of the market seen so far, once the job has run
         self.switched_at: int | None = None
         """The slot from which the job tracks the shadow, since the last handover; ``None`` while the inner policy runs it."""
         self.handovers = 0
@@ -348,7 +348,10 @@ class GuardedPolicy(Policy):
         """Run the shadow UP through the current slot, on the market rows the observation holds.
 
         The shadow depends on the market and the throughput measured so far alone, so a guard
-        restored mid-job (a resumed run) replays it from submission.
+        restored mid-job (a resumed run) replays it from submission. The floor lends room only
+        once the job has run: it prices the work left at a throughput that, until a slot has been
+        measured, is the declaration's word alone, and a member waiting on it for a cheaper pool
+        would wait on a promise the job may not keep (``docs/guard.md``).
         """
         if len(self._shadow_ran) > observation.slot:
             raise ValueError(
@@ -356,7 +359,7 @@ class GuardedPolicy(Policy):
                 "reset the policy before a new job"
             )
         self._remeasure(observation)
-        self._floor = work_price_floor(observation.job, observation.past)
+        self._floor = work_price_floor(observation.job, observation.past) if observation.work_done > 0 else 0.0
         shadow = self._shadow_progress
         while shadow.slot <= observation.slot and not shadow.done:
             self._shadow_ran.append(step_shadow(self._shadow, shadow, observation, observation.past))
