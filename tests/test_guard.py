@@ -223,7 +223,7 @@ def test_the_allowance_lets_a_right_forecast_wait_once_the_job_has_run_where_ups
     policy = DeadlineChecked(CHCPolicy(**oracle), 1.2)
     guarded = simulate(policy, job, market)
     assert guarded.allocations[:3] == [Allocation((2, 0), 0), Allocation((0, 0), 0), Allocation((0, 2), 0)]
-    assert policy.switched_at is None
+    assert policy.topped_up_slots == 0 and policy.tracked_slots == 0 and policy.switched_at is None  # CHC's own plan
     assert unguarded.outcome.cost < guarded.outcome.cost < up.outcome.cost and not guarded.outcome.soft_miss
 
     tightest = with_free_history(market)  # floor ~0: lambda x UP's cost so far alone
