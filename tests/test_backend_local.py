@@ -8,6 +8,7 @@ checking that no process carrying the job's marker is left.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ from airflow_provider_spotsched.backends.base import (
 )
 from airflow_provider_spotsched.backends.local import LocalBackend
 from airflow_provider_spotsched.backends.local_processes import JOBDIR_MARKER, create_time, is_alive, marked, signal_group
+from airflow_provider_spotsched.backends.local_supervisor import Supervisor, SupervisorStopped
 from airflow_provider_spotsched.backends.market_clock import AWS_NOTICE_SECONDS, MarketClock
 from airflow_provider_spotsched.market.launch import LaunchOutcome
 from airflow_provider_spotsched.market.slots import SlotMarket
@@ -404,6 +406,25 @@ def test_a_supervisor_told_to_stop_kills_a_trainer_that_outlives_its_shell(make_
     supervisor.wait(WAIT_S)
     assert not alive(trainer.pid)
     assert h.status().count(PENDING) == 1  # restartable
+
+
+def test_a_stop_that_comes_while_the_supervisor_holds_the_jobs_lock_waits_until_it_is_released(make_harness):
+    """Raised inside the lock (CI once saw it in the lock's own exit), the stop left the lock held
+    by a file its traceback kept open, and the abort, taking the lock again, waited on itself for
+    ever: the supervisor hung and the test that stopped it with it."""
+    h = make_harness([[1, 1]])
+    h.backend.reconcile(h.job, Allocation((0, 0), 0))  # the job's directory, no supervisor
+    jobdir = h.backend.jobdir(h.job)
+    supervisor = Supervisor(jobdir, poll_s=0.05, stop_timeout_s=1.0)
+    with pytest.raises(SupervisorStopped, match="signal 15"):
+        with supervisor._locked():
+            supervisor.stop(signal.SIGTERM, None)  # the handler, as the signal would call it
+            inside = True
+    assert inside
+    with open(jobdir.lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: raises BlockingIOError if still held
+    with pytest.raises(SupervisorStopped):
+        supervisor.stop(signal.SIGTERM, None)  # not holding it: at once
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="shifts psutil's Linux boot time")

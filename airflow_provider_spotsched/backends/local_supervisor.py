@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -99,13 +101,36 @@ class Supervisor:
         self.job = TrainingJob.from_dict(read_json(jobdir.job_file))
         self.clock = MarketClock.from_dict(read_json(jobdir.clock_file))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._holding_lock = False
+        self._stop_signal: int | None = None  # a SIGTERM that came while the job's lock was held
+
+    def stop(self, signum: int, frame: object) -> None:
+        """The SIGTERM handler: stop at once, or as soon as the job's lock is released."""
+        if self._holding_lock:
+            self._stop_signal = signum
+            return
+        raise SupervisorStopped(f"supervisor received signal {signum}")
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The job's lock, with a stop deferred while it is held. Raised inside, even in the lock's
+        own exit, the stop would leave the lock on a file that the exception's traceback keeps
+        open, and :meth:`abort`, which takes the lock again, would wait on itself for ever."""
+        self._holding_lock = True
+        try:
+            with self.jobdir.lock():
+                yield
+        finally:
+            self._holding_lock = False
+        if self._stop_signal is not None:
+            raise SupervisorStopped(f"supervisor received signal {self._stop_signal}")
 
     def run(self) -> None:
         adopted = False
         try:
             self.end_strays()
             while True:
-                with self.jobdir.lock():
+                with self._locked():
                     state = self.jobdir.load()
                     if state is None or state.supervisor.get("pid") != os.getpid():
                         return  # a newer supervisor took over (this one was given up for dead)
@@ -133,7 +158,7 @@ class Supervisor:
         and both would train on one checkpoint. A recorded worker and its children are left to
         the loop, which adopts or replaces them as before.
         """
-        with self.jobdir.lock():
+        with self._locked():
             state = self.jobdir.load()
             known = {os.getpid()}
             for record in state.with_process() if state is not None else []:
@@ -380,11 +405,9 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
 
-    def stop(signum: int, frame: object) -> None:
-        raise SupervisorStopped(f"supervisor received signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    Supervisor(JobDir(args.jobdir), args.poll_s, args.stop_timeout_s).run()
+    supervisor = Supervisor(JobDir(args.jobdir), args.poll_s, args.stop_timeout_s)
+    signal.signal(signal.SIGTERM, supervisor.stop)
+    supervisor.run()
 
 
 if __name__ == "__main__":
