@@ -438,6 +438,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
             diurnal_amplitude=args.diurnal_amplitude, collapses_per_week=args.collapses_per_week,
             flap_episodes_per_day=args.flap_episodes_per_day, crunches_per_day=args.crunches_per_day,
             daily_availability=args.daily_availability, zones_per_region=args.zones_per_region,
+            price_trend_per_week=args.price_trend_per_week,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from None
@@ -716,6 +717,10 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument(
         "--zones-per-region", type=int, default=1,
         help="consecutive pools that share one price series, as a region's zones do (1: none)",
+    )
+    syn.add_argument(
+        "--price-trend-per-week", type=float, default=0.0,
+        help="spot prices' drift, a share per week compounded: -0.1 falls 10%% a week (0: none)",
     )
     syn.set_defaults(run=cmd_synth)
     return parser

@@ -132,6 +132,27 @@ def test_zones_of_a_region_share_its_first_zones_price_and_leave_the_rest_of_the
         SyntheticMarketConfig(zones_per_region=0)
 
 
+def test_a_price_trend_moves_every_price_by_its_share_a_week_and_leaves_the_rest_of_the_seed_alone():
+    plain = generate(SyntheticMarketConfig(seed=8, days=21))
+    falling = generate(SyntheticMarketConfig(seed=8, days=21, price_trend_per_week=-0.2))
+    rising = generate(SyntheticMarketConfig(seed=8, days=21, price_trend_per_week=0.2))
+    np.testing.assert_array_equal(falling.available, plain.available)
+    assert falling.collapses == plain.collapses
+    week = 7 * 24 * 6  # ten-minute ticks
+    ratio = falling.spot_price / plain.spot_price
+    np.testing.assert_allclose(ratio[0], 1.0, atol=1e-3)
+    np.testing.assert_allclose(ratio[week], 0.8, rtol=2e-3)
+    np.testing.assert_allclose(ratio[2 * week], 0.64, rtol=2e-3)
+    # Falling, every pool's last week goes below anything its first week showed: new lows a
+    # job's history never had. Rising, prices stop just below on-demand.
+    assert (falling.spot_price[-week:].min(axis=0) < 0.8 * falling.spot_price[:week].min(axis=0)).all()
+    assert rising.spot_price.max() <= 0.95 * rising.config.on_demand_price
+    assert (rising.spot_price[-week:].mean(axis=0) > 1.3 * rising.spot_price[:week].mean(axis=0)).all()
+    for bad in (-1.0, 1.5, math.nan):
+        with pytest.raises(ValueError, match=re.escape(f"price_trend_per_week={bad!r} (must be in (-1, 1])")):
+            SyntheticMarketConfig(price_trend_per_week=bad)
+
+
 def test_settings_out_of_range_are_refused_by_name_with_their_range():
     with pytest.raises(ValueError, match=r"pools=0 \(must be a whole number, 1 to 26\); diurnal_amplitude=1.5 \(must be in \[0, 1\)\)"):
         SyntheticMarketConfig(pools=0, diurnal_amplitude=1.5)
@@ -155,8 +176,9 @@ def test_spotsched_synth_writes_a_trace_file_and_refuses_bad_settings(tmp_path, 
     assert main(["synth", "--out", str(out), "--daily-availability", "1"]) == 2
     assert main(["synth", "--out", str(out), "--collapses-per-week", "inf"]) == 2  # not a numpy traceback
     assert main(["synth", "--out", str(out), "--zones-per-region", "0"]) == 2
+    assert main(["synth", "--out", str(out), "--price-trend-per-week", "-1"]) == 2
     err = capsys.readouterr().err
-    assert "daily_availability" in err and "zones_per_region" in err
+    assert "daily_availability" in err and "zones_per_region" in err and "price_trend_per_week" in err
 
 
 def test_drop_statistics_counted_by_hand():

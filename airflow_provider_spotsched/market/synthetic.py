@@ -26,6 +26,11 @@ scheduler must survive, each on or off:
   this hour says something about tomorrow's, as in the shipped AWS trace (there "the same as a
   day ago" is right more often at 12 h than "the same as now"); the regimes alone have no time
   of day;
+- **a price trend** (off by default): every pool's spot price drifts by a share per week, down
+  as a GPU generation gets cheaper once a newer one ships, or up as demand for it grows, so
+  that prices leave the range their history showed; on a falling market a job meets prices
+  below any it saw before submission, the case the cost guard's exact bound leaves out
+  (``docs/guard.md``, case (d)); deterministic, so the rest of a seed's market is unchanged;
 - **regions** (off by default): consecutive pools form regions of ``zones_per_region`` zones
   that share one price series, as a cloud's zones in one region often do (GCP's H100 zones of a
   region cost the same; many AWS zones sit at one price), so that zones tie on price and only
@@ -85,6 +90,8 @@ class SyntheticMarketConfig:
     :param daily_availability: the share of a pool's count that its busiest hour takes (0: none),
         on a daily cycle peaking when the pool's price does; deterministic, so the rest of a seed's
         market is the same with or without it.
+    :param price_trend_per_week: the spot prices' drift, a share per week compounded (0: none):
+        -0.1 makes every price fall 10% a week, 0.1 rise 10%; prices stay capped just below on-demand.
     :param zones_per_region: pools per region (1: none); a region's zones take its first zone's
         price series (mean, daily phase and noise). The draws are those of the seed either way, so
         the rest of its market is unchanged.
@@ -111,6 +118,7 @@ class SyntheticMarketConfig:
     crunch_spread: float = 0.5
     crunch_hit_hours: tuple[float, float] = (1.0, 6.0)
     daily_availability: float = 0.0
+    price_trend_per_week: float = 0.0
     zones_per_region: int = 1
     start: datetime = datetime(2026, 1, 5, tzinfo=timezone.utc)
 
@@ -139,6 +147,7 @@ class SyntheticMarketConfig:
             "crunch_spread": (0 <= self.crunch_spread <= 1, "in [0, 1]"),
             "crunch_hit_hours": (0 < self.crunch_hit_hours[0] <= self.crunch_hit_hours[1], "0 < shortest <= longest"),
             "daily_availability": (0 <= self.daily_availability < 1, "in [0, 1)"),
+            "price_trend_per_week": (-1 < self.price_trend_per_week <= 1, "in (-1, 1]"),
             "zones_per_region": (_whole(self.zones_per_region) and self.zones_per_region >= 1, "a whole number >= 1"),
         }
         wrong = [f"{name}={getattr(self, name)!r} (must be {allowed})" for name, (ok, allowed) in checks.items() if not ok]
@@ -188,11 +197,12 @@ def generate(config: SyntheticMarketConfig) -> SyntheticMarket:
     mean, phase = mean[region_first], phase[region_first]
     daily = np.sin(2 * math.pi * (hours[:, None] - phase[None, :]) / 24.0)  # 1 at each pool's price peak
     cycle = 1.0 + config.diurnal_amplitude * daily
+    trend = (1.0 + config.price_trend_per_week) ** (hours / (7 * 24.0))
     if config.daily_availability > 0:
         _keep_share(available, 1.0 - config.daily_availability * (1.0 + daily) / 2.0)
     noise = np.exp(rng.normal(0.0, 0.03, (ticks, pools)))[:, region_first]
     scarcity = np.where(regime == PLENTY, 1.0, 1.4)  # a short pool costs more
-    spot = np.minimum(mean[None, :] * cycle * noise * scarcity, config.on_demand_price * 0.95)
+    spot = np.minimum(mean[None, :] * cycle * trend[:, None] * noise * scarcity, config.on_demand_price * 0.95)
     return SyntheticMarket(config, np.round(spot, 4), available, tuple(collapses))
 
 
