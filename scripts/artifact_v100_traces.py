@@ -14,7 +14,8 @@ instances each zone granted, every 300 s:
 The captures carry no prices and no timestamps. Each zone gets one constant spot price, the
 mean of its series in ``data/v100_spot_prices.json`` (as the artifact's converter does by
 default), on-demand 3.06 USD an hour (p3.2xlarge); the ticks start at ``--start``, a nominal
-time. Neither market has been used to choose anything in this project. Plain script:
+time. For each zone it prints how often the zone is empty and how often its count changes.
+Neither market has been used to choose anything in this project. Plain script:
 
     python scripts/artifact_v100_traces.py --artifact <checkout of andylizf/skynomad-artifact> --out-dir results/artifact
 """
@@ -41,8 +42,19 @@ def zone_counts(artifact: Path, folder: str, zone: str) -> list[int]:
     return [int(count) for count in json.loads((artifact / folder / f"{zone}_v100_1.json").read_text())["data"]]
 
 
+def describe_zone(zone: str, counts: list[int], price: float) -> str:
+    """One line on a zone's capacity: how often it is empty and how often its count changes."""
+    days = len(counts) * TICK_SECONDS / 86400
+    changes = sum(1 for before, after in zip(counts, counts[1:]) if before != after)
+    empty = sum(1 for count in counts if count == 0) / len(counts)
+    return (
+        f"  {zone}: {len(counts) * TICK_SECONDS / 3600:.0f} h, counts 0-{max(counts)}, empty {empty:.0%} of the time, "
+        f"{changes / days:.1f} count changes a day, spot {price:.4f} USD/h"
+    )
+
+
 def write_market(artifact: Path, name: str, out_dir: Path, start: datetime) -> Path:
-    """Write one market as a trace file of the spec's format; the series cut to the shortest."""
+    """Write one market as a trace file of the spec's format, and print each zone's line."""
     folder, zones = MARKETS[name]
     counts = {zone: zone_counts(artifact, folder, zone) for zone in zones}
     lengths = {len(series) for series in counts.values()}
@@ -50,6 +62,8 @@ def write_market(artifact: Path, name: str, out_dir: Path, start: datetime) -> P
         raise SystemExit(f"{name}: the zones' series differ in length {sorted(lengths)}; they cannot be aligned")
     price_series = json.loads((artifact / "data/v100_spot_prices.json").read_text())
     prices = {zone: sum(price_series[f"{zone}_v100_1"]) / len(price_series[f"{zone}_v100_1"]) for zone in zones}
+    for zone in zones:
+        print(describe_zone(zone, counts[zone], prices[zone]))
     path = out_dir / f"{name}.csv.gz"
     with gzip.open(path, "wt", newline="") as handle:
         writer = csv.writer(handle)

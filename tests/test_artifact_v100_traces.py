@@ -36,7 +36,7 @@ def _run(artifact: Path, out_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_each_zone_keeps_its_counts_every_300_s_at_its_mean_price(tmp_path: Path) -> None:
+def test_each_zone_keeps_its_counts_every_300_s_at_its_mean_price_and_is_described(tmp_path: Path) -> None:
     result = _run(_artifact(tmp_path / "artifact", SIXTEEN_NODE), tmp_path / "out")
     assert result.returncode == 0, result.stderr
     for name, zones in (("aws_v100_4node_3az", FOUR_NODE), ("aws_v100_16node_2az", SIXTEEN_NODE)):
@@ -49,6 +49,8 @@ def test_each_zone_keeps_its_counts_every_300_s_at_its_mean_price(tmp_path: Path
             assert np.allclose(pool.spot_price, np.mean(PRICES[zone]), atol=1e-4)
             assert np.allclose(pool.on_demand_price, 3.06)
         assert trace.first_time == 1690848000  # 2023-08-01T00:00:00Z
+    # 2 changes over 3 ticks of 300 s (1/96 day); the mean of [1.2, 1.4]
+    assert "us-east-1f: 0 h, counts 0-4, empty 33% of the time, 192.0 count changes a day, spot 1.3000 USD/h" in result.stdout
 
 
 def test_zones_whose_series_differ_in_length_are_refused(tmp_path: Path) -> None:
