@@ -38,6 +38,9 @@ def main() -> None:
             during = market.spot_price[during_slots][market.available[during_slots] >= 1]
             if before.size and during.size:
                 ratios.append(float(during.min() / before.min()))
+        if not ratios:
+            print(f"{trace_name(path)}: no job saw spot capacity both before and during it")
+            continue
         shown = ", ".join(f"{r:.3f}" for r in ratios)
         print(
             f"{trace_name(path)}: cheapest during the job / cheapest before, {len(ratios)} jobs: {shown} "
