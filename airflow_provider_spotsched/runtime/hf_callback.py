@@ -553,16 +553,6 @@ def global_batch(args: TrainingArguments) -> int:
 
 
 def spot_train(trainer: Trainer, checkpoint_uri: str | None = None) -> int:
-    """``trainer.train()`` under the spot contract; returns the exit code (0 done, 75 preempted).
-
-    Once training has ended in order, the process leaves its process group
-    (``Accelerator.end_training``) before the exit code goes back to the script: a process that
-    exits with a gloo group alive can abort in its teardown (``terminate called without an active
-    exception``, exit -6; pytorch/pytorch#190489), and a preempted rank would then read as failed
-    to its launcher. An exception propagates with the group as it is, since a peer may still be
-    inside a collective that leaving would block.
-    """
-    code = SpotCallback.from_env(checkpoint_uri=checkpoint_uri).train(trainer)
-    trainer.accelerator.end_training()
-    return code
+    """``trainer.train()`` under the spot contract; returns the exit code (0 done, 75 preempted)."""
+    return SpotCallback.from_env(checkpoint_uri=checkpoint_uri).train(trainer)
 
